@@ -1,0 +1,15 @@
+rule check_sequences:
+    input:
+        generations="results/generations/{category}.parquet",
+        prompts="results/prompts/{category}.parquet",
+    output:
+        report="results/checks/{category}.sequences.json",
+    log:
+        "logs/check_sequences/{category}.log",
+    params:
+        model=config["model"],
+    localrule: True
+    conda:
+        "../envs/pipeline.yaml"
+    script:
+        "../scripts/check_sequences.py"

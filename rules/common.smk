@@ -1,0 +1,48 @@
+import sys
+from pathlib import Path
+
+from snakemake.utils import validate
+
+sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
+
+from eagle3_datagen import workflow as wf
+
+
+validate(config, "../schemas/config.schema.yaml")
+
+sheet = wf.load_sheet(config["categories"])
+validate(sheet, "../schemas/categories.schema.yaml")
+
+CATEGORIES = list(sheet["category"])
+DEMO_MODEL = "resources/demo_model"
+
+
+wildcard_constraints:
+    category="[a-z0-9_]+",
+
+
+def get_category(wildcards):
+    return wf.category_row(sheet, wildcards.category)
+
+
+def get_prompts_file(wildcards):
+    return get_category(wildcards)["prompts"]
+
+
+def get_tokenizer_files(wildcards):
+    return f"{config['model']['tokenizer']}/tokenizer_config.json"
+
+
+def get_engine_files(wildcards):
+    engine = config["engine"]
+    if engine["kind"] == "local" and engine["local"]["backend"] == "model":
+        return f"{engine['local']['model_dir']}/model.safetensors"
+    return []
+
+
+def get_tokenize_params(wildcards):
+    return wf.tokenize_params(config, get_category(wildcards))
+
+
+def get_generate_params(wildcards):
+    return wf.generate_params(config, get_category(wildcards))

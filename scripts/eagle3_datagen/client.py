@@ -1,0 +1,321 @@
+"""The generate client: one prompt per request to SGLang's native /generate, many in flight.
+
+Why one prompt per request: SGLang fails a whole batch on one bad prompt, and continuous batching on
+the server side gains nothing from client-side batches. A bounded number of requests stays in flight
+(enough to keep the server's batch full); transient failures (HTTP 5xx, 429, connection resets,
+timeouts, aborted or malformed answers) are retried with jittered exponential backoff; HTTP 400 is
+final. Every row ends as `ok` (exact `output_ids` as returned) or `failed` (with the last error).
+"""
+
+import asyncio
+import json
+import logging
+import random
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from .journal import Journal
+from .settings import ClientSettings, stable_hash
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+class FinalError(Exception):
+    """A request error that retrying cannot fix (HTTP 400 and the like)."""
+
+
+class RetryableError(Exception):
+    """A transient request error: the row is sent again after a backoff."""
+
+
+@dataclass
+class Request:
+    """What the client sends for one (id, sample_index) row."""
+
+    id: str
+    sample_index: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    seed: int
+    fingerprint: str = ""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.id, self.sample_index)
+
+
+@dataclass
+class RequestTemplate:
+    """The parts of every request body that do not vary by row."""
+
+    sampling: dict
+    stop_token_ids: list[int]
+    vocab_size: int
+    model_fingerprint: dict = field(default_factory=dict)
+
+    def sampling_params(self, req: Request) -> dict:
+        # Every value explicit: /generate applies none of the model's generation_config defaults.
+        return {
+            **self.sampling,
+            "max_new_tokens": req.max_new_tokens,
+            "stop_token_ids": self.stop_token_ids,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+            "sampling_seed": req.seed,
+        }
+
+    def fingerprint(self, req: Request) -> str:
+        """Identity of the request's result: the same fingerprint always means the same generation."""
+        return stable_hash([self.model_fingerprint, req.prompt_ids, self.sampling_params(req), req.sample_index])
+
+
+def error_text(status: int, body: str) -> str:
+    """SGLang's three error shapes — {"error": {"message"}}, {"error": "..."}, {"detail": ...} — as one line."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return f"HTTP {status}: {body[:500]}"
+    message = data
+    if isinstance(data, dict):
+        if isinstance(data.get("error"), dict):
+            message = data["error"].get("message", data["error"])
+        elif "error" in data:
+            message = data["error"]
+        elif "detail" in data:
+            message = data["detail"]
+    return f"HTTP {status}: {message}"
+
+
+def parse_response(data, req: Request, vocab_size: int) -> dict:
+    """Validate one /generate answer and turn it into result fields; a bad answer is retryable."""
+    if not isinstance(data, dict):
+        raise RetryableError(f"malformed response: expected an object, got {type(data).__name__}")
+    output_ids = data.get("output_ids")
+    meta = data.get("meta_info")
+    if not isinstance(output_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in output_ids):
+        raise RetryableError("malformed response: 'output_ids' missing or not a list of integers")
+    if not isinstance(meta, dict) or not isinstance(meta.get("finish_reason"), dict):
+        raise RetryableError("malformed response: 'meta_info.finish_reason' missing")
+    finish = meta["finish_reason"]
+    finish_type = finish.get("type")
+    if finish_type == "abort":
+        raise RetryableError(f"aborted by the server: {finish.get('message')}")
+    if finish_type not in ("stop", "length"):
+        raise RetryableError(f"malformed response: unknown finish_reason type {finish_type!r}")
+    bad = [t for t in output_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise RetryableError(f"malformed response: output ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
+    if not output_ids:
+        raise RetryableError("malformed response: no output tokens")
+    if len(output_ids) > req.max_new_tokens:
+        raise RetryableError(f"malformed response: {len(output_ids)} output tokens, more than max_new_tokens {req.max_new_tokens}")
+    matched = finish.get("matched")
+    return {
+        "output_ids": output_ids,
+        "finish_type": finish_type,
+        "finish_matched": "" if matched is None else str(matched),
+        "completion_tokens": int(meta.get("completion_tokens", len(output_ids))),
+        "cached_tokens": int(meta.get("cached_tokens", 0) or 0),
+        "e2e_latency": float(meta.get("e2e_latency", 0.0) or 0.0),
+    }
+
+
+class Progress:
+    """A periodic progress line: done/total, requests/s, tokens/s, ETA."""
+
+    def __init__(self, total: int, interval_s: float, label: str):
+        self.total, self.interval_s, self.label = total, interval_s, label
+        self.done = self.failed = self.retries = self.tokens = 0
+        self.started = self._last = time.monotonic()
+
+    def add(self, *, tokens: int = 0, failed: bool = False) -> None:
+        self.done += 1
+        self.failed += int(failed)
+        self.tokens += tokens
+        now = time.monotonic()
+        if now - self._last >= self.interval_s or self.done == self.total:
+            self._last = now
+            self.log()
+
+    def rates(self) -> tuple[float, float]:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return self.done / elapsed, self.tokens / elapsed
+
+    def log(self) -> None:
+        rps, tps = self.rates()
+        remaining = self.total - self.done
+        eta = remaining / rps if rps > 0 else float("inf")
+        log.info(
+            "%s: %d/%d rows (%d failed, %d retries) | %.2f req/s | %.0f tok/s | ETA %s",
+            self.label,
+            self.done,
+            self.total,
+            self.failed,
+            self.retries,
+            rps,
+            tps,
+            "-" if eta == float("inf") else f"{eta:.0f} s",
+        )
+
+
+class GenerateClient:
+    def __init__(
+        self,
+        urls: list[str],
+        template: RequestTemplate,
+        settings: ClientSettings,
+        *,
+        headers: dict | None = None,
+        label: str = "generate",
+        rng: random.Random | None = None,
+    ):
+        if not urls:
+            raise ValueError("no server URL to send requests to")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.template = template
+        self.settings = settings
+        self.headers = headers or {}
+        self.label = label
+        self.rng = rng or random.Random()
+        self.run_nonce = secrets.token_hex(4)
+        self._next_url = 0
+        self.in_flight = 0
+
+    def _url(self) -> str:
+        url = self.urls[self._next_url % len(self.urls)]
+        self._next_url += 1
+        return url
+
+    def backoff(self, attempt: int) -> float:
+        base = min(self.settings.backoff_max_s, self.settings.backoff_initial_s * 2 ** (attempt - 1))
+        return base * self.rng.uniform(0.5, 1.5)
+
+    async def _send_once(self, session: aiohttp.ClientSession, req: Request, attempt: int) -> dict:
+        body = {
+            "input_ids": req.prompt_ids,
+            "sampling_params": self.template.sampling_params(req),
+            # Unique per attempt and per run: SGLang rejects a rid that is still in flight, and an
+            # attempt from before a restart may still run on an external server.
+            "rid": f"{req.id}.{req.sample_index}.{self.run_nonce}.{attempt}",
+        }
+        timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout(req.max_new_tokens))
+        self.in_flight += 1
+        try:
+            async with session.post(f"{self._url()}/generate", json=body, timeout=timeout, headers=self.headers) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    message = error_text(resp.status, text)
+                    if resp.status in RETRYABLE_STATUS:
+                        raise RetryableError(message)
+                    raise FinalError(message)
+                try:
+                    data = json.loads(text)
+                except ValueError:
+                    raise RetryableError(f"malformed response: invalid JSON: {text[:200]!r}") from None
+        except asyncio.TimeoutError:
+            raise RetryableError(f"timed out after {timeout.total:.0f} s") from None
+        except aiohttp.ClientError as exc:
+            raise RetryableError(f"connection error: {type(exc).__name__}: {exc}") from None
+        finally:
+            self.in_flight -= 1
+        return parse_response(data, req, self.template.vocab_size)
+
+    async def generate_one(self, session: aiohttp.ClientSession, req: Request, progress: Progress | None = None) -> dict:
+        """Send one row until it succeeds, fails finally, or runs out of retries."""
+        last_error = ""
+        for attempt in range(1, self.settings.max_retries + 2):
+            try:
+                result = await self._send_once(session, req, attempt)
+                return {**result, "status": "ok", "error": "", "attempts": attempt}
+            except FinalError as exc:
+                return {"status": "failed", "error": str(exc), "attempts": attempt}
+            except RetryableError as exc:
+                last_error = str(exc)
+                if attempt > self.settings.max_retries:
+                    break
+                if progress is not None:
+                    progress.retries += 1
+                delay = self.backoff(attempt)
+                log.debug("%s.%d attempt %d: %s; retrying in %.1f s", req.id, req.sample_index, attempt, exc, delay)
+                await asyncio.sleep(delay)
+        return {"status": "failed", "error": f"gave up after {self.settings.max_retries + 1} attempts: {last_error}", "attempts": self.settings.max_retries + 1}
+
+    async def run(self, requests: list[Request], journal: Journal | None = None) -> dict[tuple[str, int], dict]:
+        """Generate every request; results (ok or failed) are journalled as they finish."""
+        results: dict[tuple[str, int], dict] = {}
+        progress = Progress(len(requests), self.settings.progress_interval_s, self.label)
+        queue: asyncio.Queue = asyncio.Queue()
+        for req in requests:
+            queue.put_nowait(req)
+        connector = aiohttp.TCPConnector(limit=self.settings.concurrency, force_close=False)
+
+        async def worker(session):
+            while True:
+                try:
+                    req = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                result = await self.generate_one(session, req, progress)
+                results[req.key] = result
+                if journal is not None:
+                    journal.append(
+                        {
+                            "id": req.id,
+                            "sample_index": req.sample_index,
+                            "fingerprint": req.fingerprint,
+                            **result,
+                        }
+                    )
+                progress.add(tokens=len(result.get("output_ids", ())), failed=result["status"] != "ok")
+
+        async with aiohttp.ClientSession(connector=connector) as session:
+            workers = [asyncio.create_task(worker(session)) for _ in range(min(self.settings.concurrency, len(requests)))]
+            try:
+                await asyncio.gather(*workers)
+            finally:
+                for w in workers:
+                    w.cancel()
+                if journal is not None:
+                    journal.sync()
+        if requests:
+            progress.log()
+        self.requests_per_s, self.tokens_per_s = progress.rates()
+        return results
+
+
+async def fetch_json(url: str, *, headers: dict | None = None, timeout_s: float = 30.0) -> dict:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise RuntimeError(f"GET {url}: {error_text(resp.status, text)}")
+            return json.loads(text)
+
+
+def check_server_info(info: dict, *, context_length: int, url: str) -> list[str]:
+    """Start-up checks of /get_server_info against the config. Raises on what would corrupt data."""
+    warnings = []
+    if info.get("allow_auto_truncate"):
+        raise RuntimeError(
+            f"{url} runs with --allow-auto-truncate: it would silently cut prompts; refusing to use it"
+        )
+    server_context = info.get("context_length")
+    if server_context is not None and int(server_context) < context_length:
+        raise RuntimeError(
+            f"{url} serves a context of {server_context} tokens, but model.context_length is {context_length}: "
+            "requests sized for the config would be rejected"
+        )
+    for flag in ("reasoning_parser", "tool_call_parser"):
+        if info.get(flag):
+            warnings.append(
+                f"{url} runs with --{flag.replace('_', '-')} {info[flag]}: it only affects the OpenAI chat "
+                "layer, not /generate, but a server for this pipeline needs none"
+            )
+    if info.get("skip_tokenizer_init"):
+        warnings.append(f"{url} runs with --skip-tokenizer-init: responses will carry no text (ids are unaffected)")
+    return warnings

@@ -1,0 +1,185 @@
+"""Generate one category: plan what needs the server, run the client, assemble the generations table."""
+
+import asyncio
+import json
+import logging
+import signal
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .client import GenerateClient, Request, RequestTemplate, check_server_info, fetch_json
+from .journal import Journal
+from .lifecycle import ManagedServer, free_port, local_engine_command
+from .settings import ClientSettings, ModelProfile
+from .templating import token_ids, tokenizer_fingerprint
+
+log = logging.getLogger(__name__)
+
+
+class TooManyFailures(RuntimeError):
+    pass
+
+
+@dataclass
+class Plan:
+    """Which rows of a category need the server, and which are already done or skipped."""
+
+    to_send: list[Request] = field(default_factory=list)
+    reused: dict = field(default_factory=dict)
+    skipped: int = 0
+
+    def summary(self) -> dict:
+        return {"to_send": len(self.to_send), "reused": len(self.reused), "skipped": self.skipped}
+
+
+def make_template(tokenizer, profile: ModelProfile, sampling: dict) -> RequestTemplate:
+    fingerprint = {"model": profile.name, **tokenizer_fingerprint(tokenizer), "chat_template_kwargs": profile.chat_template_kwargs}
+    return RequestTemplate(
+        sampling=dict(sampling),
+        stop_token_ids=token_ids(tokenizer, profile.stop_tokens),
+        vocab_size=len(tokenizer),
+        model_fingerprint=fingerprint,
+    )
+
+
+def plan(prompt_rows: list[dict], template: RequestTemplate, journal: Journal | None) -> Plan:
+    result = Plan()
+    for row in prompt_rows:
+        if row["status"] != "ok":
+            result.skipped += 1
+            continue
+        req = Request(row["id"], int(row["sample_index"]), list(row["prompt_ids"]), int(row["max_new_tokens"]), int(row["seed"]))
+        req.fingerprint = template.fingerprint(req)
+        entry = journal.reusable(req.key, req.fingerprint) if journal is not None else None
+        if entry is not None:
+            result.reused[req.key] = entry
+        else:
+            result.to_send.append(req)
+    return result
+
+
+def assemble(prompt_rows: list[dict], results: dict, template: RequestTemplate) -> list[dict]:
+    """One generations row per prompt row, in prompt order; skipped rows carry their reason."""
+    rows = []
+    for p in prompt_rows:
+        key = (p["id"], int(p["sample_index"]))
+        r = results.get(key)
+        base = {
+            "id": p["id"],
+            "sample_index": p["sample_index"],
+            "category": p["category"],
+            "prompt_ids": p["prompt_ids"],
+            "sampling": json.dumps(template.sampling, sort_keys=True),
+            "seed": p["seed"],
+            "max_new_tokens": p["max_new_tokens"],
+        }
+        if p["status"] != "ok":
+            rows.append({**base, "output_ids": [], "status": p["status"], "error": p["reason"], "attempts": 0})
+        elif r is None:
+            raise RuntimeError(f"row {key} has no result: this is a bug")
+        else:
+            rows.append(
+                {
+                    **base,
+                    "output_ids": r.get("output_ids", []),
+                    "finish_type": r.get("finish_type", ""),
+                    "finish_matched": r.get("finish_matched", ""),
+                    "completion_tokens": r.get("completion_tokens", 0),
+                    "cached_tokens": r.get("cached_tokens", 0),
+                    "e2e_latency": r.get("e2e_latency", 0.0),
+                    "attempts": r.get("attempts", 0),
+                    "status": r["status"],
+                    "error": r.get("error", ""),
+                }
+            )
+    return rows
+
+
+@contextmanager
+def terminate_on_sigterm():
+    """SLURM and Snakemake stop jobs with SIGTERM: turn it into SystemExit so servers get stopped."""
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def server_urls(engine: dict, *, profile: ModelProfile, log_path: Path, category: str):
+    """URLs to send requests to: a launched server for `local`, the configured ones for `external`."""
+    kind = engine["kind"]
+    if kind == "external":
+        yield list(engine["external"]["urls"])
+        return
+    if kind != "local":
+        raise NotImplementedError(f"engine.kind {kind!r} is not available in this version")
+    record_dir = engine["local"].get("record_dir")
+    # The engine's own record of what it served: tests compare exported data against it.
+    record = str(Path(record_dir) / f"{category}.jsonl") if record_dir else None
+    port = free_port()
+    cmd = local_engine_command(engine, port=port, context_length=profile.context_length, tokenizer=profile.tokenizer, record=record)
+    server = ManagedServer(cmd, port=port, log_path=log_path, startup_timeout_s=float(engine.get("startup_timeout_s", 600)))
+    with server as url:
+        yield [url]
+
+
+async def _server_provenance(urls: list[str], profile: ModelProfile) -> dict:
+    infos = {}
+    for url in urls:
+        server_info = await fetch_json(f"{url}/get_server_info")
+        for warning in check_server_info(server_info, context_length=profile.context_length, url=url):
+            log.warning(warning)
+        model_info = await fetch_json(f"{url}/get_model_info")
+        infos[url] = {"server_info": server_info, "model_info": model_info}
+    return infos
+
+
+def generate_category(
+    prompt_rows: list[dict],
+    *,
+    tokenizer,
+    profile: ModelProfile,
+    sampling: dict,
+    engine: dict,
+    client_settings: ClientSettings,
+    journal_path: Path,
+    server_log: Path,
+    max_failed_share: float,
+    category: str,
+) -> tuple[list[dict], dict]:
+    """Generate every usable row of a category; returns (generations rows, provenance)."""
+    template = make_template(tokenizer, profile, sampling)
+    provenance = {"model_fingerprint": template.model_fingerprint, "stop_token_ids": template.stop_token_ids}
+    with Journal(journal_path) as journal, terminate_on_sigterm():
+        todo = plan(prompt_rows, template, journal)
+        log.info("%s plan: %s", category, todo.summary())
+        provenance["plan"] = todo.summary()
+        results = dict(todo.reused)
+        if todo.to_send:
+            with server_urls(engine, profile=profile, log_path=server_log, category=category) as urls:
+                provenance["servers"] = asyncio.run(_server_provenance(urls, profile))
+                client = GenerateClient(urls, template, client_settings, label=category)
+                results.update(asyncio.run(client.run(todo.to_send, journal)))
+                provenance["client"] = {
+                    "run_nonce": client.run_nonce,
+                    "requests_per_s": round(client.requests_per_s, 3),
+                    "tokens_per_s": round(client.tokens_per_s, 1),
+                }
+    rows = assemble(prompt_rows, results, template)
+    attempted = [r for r in rows if r["status"] in ("ok", "failed")]
+    failed = [r for r in attempted if r["status"] == "failed"]
+    share = len(failed) / len(attempted) if attempted else 0.0
+    if share > max_failed_share:
+        examples = "; ".join(f"{r['id']}.{r['sample_index']}: {r['error']}" for r in failed[:5])
+        raise TooManyFailures(
+            f"{category}: {len(failed)} of {len(attempted)} rows failed ({share:.1%} > client.max_failed_share "
+            f"{max_failed_share:.1%}); the journal {journal_path} keeps the finished rows, and a rerun sends only "
+            f"the failed ones. First failures: {examples}"
+        )
+    return rows, provenance

@@ -1,0 +1,73 @@
+"""Build one category's prompts table: normalized rows, exact prompt ids, per-row budgets and seeds."""
+
+import json
+import logging
+import time
+
+from .prompts import PromptRow
+from .settings import Budget, ModelProfile, stable_hash
+from .templating import ChatTokenizer, output_budget
+
+log = logging.getLogger(__name__)
+
+
+def row_seed(base_seed: int, row_id: str, sample_index: int) -> int:
+    """A stable per-request seed: the same row and sample always draw the same seed."""
+    return int(stable_hash([base_seed, row_id, sample_index])[:15], 16) % (2**31 - 1)
+
+
+def build_prompt_rows(
+    rows: list[PromptRow],
+    chat: ChatTokenizer,
+    *,
+    profile: ModelProfile,
+    budget: Budget,
+    category: str,
+    samples_per_prompt: int = 1,
+    base_seed: int = 0,
+) -> list[dict]:
+    """Prompt table rows: one per (id, sample_index); skipped rows keep their reason."""
+    started = time.perf_counter()
+    usable = [r for r in rows if r.ok]
+    tokenized = chat.tokenize([r.messages for r in usable], [r.tools for r in usable])
+    by_id = dict(zip((id(r) for r in usable), tokenized))
+    out = []
+    for row in rows:
+        messages_json = json.dumps(row.messages, ensure_ascii=False, sort_keys=True)
+        tokens = by_id.get(id(row))
+        prompt_ids = tokens.prompt_ids if tokens is not None else []
+        reason = row.reason
+        max_new = 0
+        if reason is None:
+            max_new, reason = output_budget(len(prompt_ids), context_length=profile.context_length, budget=budget)
+            if reason is not None:
+                reason = f"{row.source}: {reason}"
+        for sample_index in range(samples_per_prompt):
+            out.append(
+                {
+                    "id": row.id,
+                    "sample_index": sample_index,
+                    "category": category,
+                    "source": row.source,
+                    "messages": messages_json,
+                    "tools": json.dumps(row.tools, ensure_ascii=False, sort_keys=True) if row.tools else "",
+                    "messages_sha256": stable_hash([row.messages, row.tools]),
+                    "prompt_ids": prompt_ids,
+                    "n_prompt_tokens": len(prompt_ids),
+                    "max_new_tokens": max_new,
+                    "seed": row_seed(base_seed, row.id, sample_index),
+                    "status": "ok" if reason is None else "skipped",
+                    "reason": reason or "",
+                }
+            )
+    elapsed = time.perf_counter() - started
+    log.info(
+        "%s: %d rows, %d usable, %d prompt tokens in %.2f s (%.0f prompts/s)",
+        category,
+        len(rows),
+        sum(r["status"] == "ok" for r in out),
+        sum(r["n_prompt_tokens"] for r in out),
+        elapsed,
+        len(usable) / elapsed if elapsed > 0 else 0.0,
+    )
+    return out

@@ -1,0 +1,73 @@
+"""Per-category accounting and the length figure.
+
+The summary counts every input row exactly once, as ok (exported), skipped, failed or filtered.
+"""
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+STATUSES = ("ok", "skipped", "failed", "filtered")
+
+
+def category_summary(category: str, generations: list[dict], rejected: list[dict]) -> dict:
+    counts = {s: 0 for s in STATUSES}
+    for r in rejected:
+        counts[r["status"]] += 1
+    counts["ok"] = len(generations) - len(rejected) if generations else 0
+    ok_rows = [g for g in generations if g["status"] == "ok"]
+    exported_keys = {(r["id"], r["sample_index"]) for r in rejected}
+    exported = [g for g in ok_rows if (g["id"], g["sample_index"]) not in exported_keys]
+    truncated = sum(g["finish_type"] == "length" for g in ok_rows)
+    return {
+        "category": category,
+        "rows": len(generations),
+        **counts,
+        "prompt_tokens": sum(len(g["prompt_ids"]) for g in exported),
+        "output_tokens": sum(len(g["output_ids"]) for g in exported),
+        "mean_output_tokens": round(sum(len(g["output_ids"]) for g in ok_rows) / len(ok_rows), 1) if ok_rows else 0.0,
+        "truncated_share": round(truncated / len(ok_rows), 4) if ok_rows else 0.0,
+    }
+
+
+def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
+    frame = pd.DataFrame(rows)
+    total = {"category": "total"}
+    for col in ("rows", *STATUSES, "prompt_tokens", "output_tokens"):
+        total[col] = int(frame[col].sum())
+    ok_total = int(frame["ok"].sum()) + int(frame["filtered"].sum())
+    total["mean_output_tokens"] = round(float((frame["mean_output_tokens"] * (frame["ok"] + frame["filtered"])).sum()) / ok_total, 1) if ok_total else 0.0
+    total["truncated_share"] = round(float((frame["truncated_share"] * (frame["ok"] + frame["filtered"])).sum()) / ok_total, 4) if ok_total else 0.0
+    frame = pd.concat([frame, pd.DataFrame([total])], ignore_index=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, sep="\t", index=False)
+    return frame
+
+
+def plot_lengths(lengths: dict[str, tuple[list[int], list[int]]], path: Path) -> None:
+    """Histograms of prompt and output lengths (tokens), one colour per category."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, which, title in ((axes[0], 0, "prompt tokens"), (axes[1], 1, "output tokens")):
+        for category, pair in sorted(lengths.items()):
+            values = pair[which]
+            if values:
+                ax.hist(values, bins=30, alpha=0.55, label=f"{category} (n={len(values)})")
+        ax.set_xlabel(title)
+        ax.set_ylabel("rows")
+        ax.set_title(f"Distribution of {title}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]

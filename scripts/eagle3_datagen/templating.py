@@ -1,0 +1,232 @@
+"""Client-side chat templating: the model's own template, rendered and tokenized here, never on the server.
+
+`tokenize_conversations` is `apply_chat_template(add_generation_prompt=True)` done in batches (a batch
+takes one `tools` argument, so rows are grouped by their tools) as Jinja rendering followed by one
+`encode_batch` of the rendered strings: the same ids as `apply_chat_template(tokenize=True)`, at the
+speed of the bare tokenizer.
+
+Control-token policy ("literal-as-text"): text inside a system, user or tool message that spells a
+control token (a user asking about `<|im_end|>`) must not become that token. Such spans are cut out before rendering and
+encoded as plain text, in isolation — the same segment boundaries an added token would have made.
+"""
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .settings import Budget, ModelProfile
+
+CONTROL_TOKEN_POLICY = "literal-as-text"
+# Private-use characters mark where literal control text was cut out of a message.
+_MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"
+_MARK_RE = re.compile(f"{_MARK_OPEN}(\\d+){_MARK_CLOSE}")
+
+
+def load_tokenizer(profile: ModelProfile):
+    """The profile's Hugging Face tokenizer, loaded offline."""
+    from transformers import AutoTokenizer
+
+    path = Path(profile.tokenizer)
+    if not path.exists():
+        raise FileNotFoundError(f"model.tokenizer: tokenizer directory {path} does not exist")
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=profile.trust_remote_code)
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc) and not profile.trust_remote_code:
+            raise ValueError(
+                f"model.tokenizer: {path} needs custom code; set model.trust_remote_code: true "
+                "in the config if you trust it"
+            ) from exc
+        raise
+
+
+def token_id(tokenizer, token: str) -> int:
+    """The id of one token string, read from the tokenizer; an unknown token is an error, not unk."""
+    tid = tokenizer.convert_tokens_to_ids(token)
+    if tid is None or (tid == tokenizer.unk_token_id and token != tokenizer.unk_token):
+        raise ValueError(f"token {token!r} is not in the vocabulary of the tokenizer")
+    return int(tid)
+
+
+def token_ids(tokenizer, tokens) -> list[int]:
+    return [token_id(tokenizer, t) for t in tokens]
+
+
+def tokenizer_fingerprint(tokenizer) -> dict:
+    """sha256 of the tokenizer's vocabulary and of its chat template, for provenance and caching."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    vocab_blob = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    template = tokenizer.chat_template or ""
+    if isinstance(template, dict):
+        template = json.dumps(template, sort_keys=True)
+    return {
+        "tokenizer_sha256": hashlib.sha256(vocab_blob.encode("utf-8")).hexdigest(),
+        "chat_template_sha256": hashlib.sha256(template.encode("utf-8")).hexdigest(),
+        "vocab_size": len(tokenizer),
+    }
+
+
+class ControlText:
+    """Finds spans of text that spell one of the tokenizer's added (control) tokens."""
+
+    def __init__(self, tokenizer):
+        strings = {t.content for t in tokenizer.added_tokens_decoder.values()}
+        self._by_first: dict[str, list[str]] = {}
+        for s in sorted(strings, key=len, reverse=True):  # longest match wins
+            if s:
+                self._by_first.setdefault(s[0], []).append(s)
+        self._lengths = {c: sorted({len(s) for s in group}, reverse=True) for c, group in self._by_first.items()}
+        self._sets = {c: set(group) for c, group in self._by_first.items()}
+        self._first_re = re.compile("[" + "".join(re.escape(c) for c in self._by_first) + "]") if self._by_first else None
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        if self._first_re is None or not text:
+            return []
+        found = []
+        pos = 0
+        while True:
+            m = self._first_re.search(text, pos)
+            if m is None:
+                return found
+            start = m.start()
+            first = text[start]
+            for length in self._lengths[first]:
+                if text[start : start + length] in self._sets[first]:
+                    found.append((start, start + length))
+                    pos = start + length
+                    break
+            else:
+                pos = start + 1
+
+
+class TextOnlyEncoder:
+    """Encodes text with no added-token matching: what a control string typed by a user becomes."""
+
+    def __init__(self, tokenizer):
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise NotImplementedError("literal control text needs a fast tokenizer (tokenizer.json)")
+        from tokenizers import Tokenizer
+
+        spec = json.loads(backend.to_str())
+        spec["added_tokens"] = []
+        self._tok = Tokenizer.from_str(json.dumps(spec))
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+
+@dataclass
+class Tokenized:
+    prompt_ids: list[int]
+    has_literal_control_text: bool
+
+
+class ChatTokenizer:
+    """apply_chat_template(add_generation_prompt=True) for many conversations at once."""
+
+    def __init__(self, tokenizer, profile: ModelProfile):
+        self.tokenizer = tokenizer
+        self.profile = profile
+        self.control = ControlText(tokenizer)
+        self._text_only: TextOnlyEncoder | None = None
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+
+    def _protect(self, messages: list[dict], literals: list[str]) -> list[dict]:
+        """Replace literal control text in message fields with numbered marks, collecting the text."""
+
+        def protect_text(text):
+            if not isinstance(text, str):
+                return text
+            spans = self.control.spans(text)
+            if not spans:
+                return text
+            out, last = [], 0
+            for start, end in spans:
+                out.append(text[last:start])
+                out.append(f"{_MARK_OPEN}{len(literals)}{_MARK_CLOSE}")
+                literals.append(text[start:end])
+                last = end
+            out.append(text[last:])
+            return "".join(out)
+
+        protected = []
+        for message in messages:
+            # Assistant turns may carry real control tokens (a template splits them on `</think>`);
+            # only text that a person or a tool wrote is protected.
+            if message["role"] in ("system", "user", "tool"):
+                message = dict(message, content=protect_text(message.get("content")))
+            protected.append(message)
+        return protected
+
+    def render(self, conversations: list[list[dict]], tools: list | None) -> list[str]:
+        rendered = self.tokenizer.apply_chat_template(
+            conversations,
+            tools=tools,
+            add_generation_prompt=True,
+            tokenize=False,
+            **self.profile.chat_template_kwargs,
+        )
+        return [rendered] if isinstance(rendered, str) else list(rendered)
+
+    def _encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        if self._backend is not None:
+            return [e.ids for e in self._backend.encode_batch(texts, add_special_tokens=False)]
+        return [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+
+    def _encode_with_literals(self, text: str, literals: list[str]) -> list[int]:
+        if self._text_only is None:
+            self._text_only = TextOnlyEncoder(self.tokenizer)
+        ids: list[int] = []
+        last = 0
+        for m in _MARK_RE.finditer(text):
+            ids.extend(self._encode_batch([text[last : m.start()]])[0] if m.start() > last else [])
+            ids.extend(self._text_only.encode(literals[int(m.group(1))]))
+            last = m.end()
+        if last < len(text):
+            ids.extend(self._encode_batch([text[last:]])[0])
+        return ids
+
+    def tokenize(self, conversations: list[list[dict]], tools_list: list) -> list[Tokenized]:
+        """Prompt ids of each conversation; rows are batched by identical tools."""
+        results: list[Tokenized | None] = [None] * len(conversations)
+        groups: dict[str, list[int]] = {}
+        for i, tools in enumerate(tools_list):
+            groups.setdefault(json.dumps(tools, sort_keys=True), []).append(i)
+        for indices in groups.values():
+            tools = tools_list[indices[0]]
+            literal_lists: list[list[str]] = []
+            protected = []
+            for i in indices:
+                literals: list[str] = []
+                protected.append(self._protect(conversations[i], literals))
+                literal_lists.append(literals)
+            texts = self.render(protected, tools)
+            plain = [k for k, lits in enumerate(literal_lists) if not lits]
+            for k, ids in zip(plain, self._encode_batch([texts[k] for k in plain])):
+                results[indices[k]] = Tokenized(ids, False)
+            for k, lits in enumerate(literal_lists):
+                if lits:
+                    results[indices[k]] = Tokenized(self._encode_with_literals(texts[k], lits), True)
+        return results  # type: ignore[return-value]
+
+
+def output_budget(n_prompt_tokens: int, *, context_length: int, budget: Budget) -> tuple[int, str | None]:
+    """max_new_tokens = min(configured, context − prompt − reserve); a reason when it is too small.
+
+    SGLang answers HTTP 400 when prompt + max_new_tokens exceeds the context, so the budget is cut
+    here rather than discovered there.
+    """
+    room = context_length - n_prompt_tokens - budget.reserve_tokens
+    value = min(budget.max_new_tokens, room)
+    if value < budget.min_new_tokens:
+        return max(value, 0), (
+            f"over-long: the prompt has {n_prompt_tokens} tokens; context_length {context_length} "
+            f"(reserve {budget.reserve_tokens}) leaves {max(room, 0)} new tokens, "
+            f"fewer than min_new_tokens {budget.min_new_tokens}"
+        )
+    return value, None

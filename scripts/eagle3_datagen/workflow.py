@@ -1,0 +1,85 @@
+"""What each rule needs from the config, computed in one place for the Snakefile and the command line.
+
+Rules pass these as `params:`, so Snakemake reruns a category exactly when its own effective
+parameters change, and scripts never read the global config.
+"""
+
+import logging
+import sys
+from pathlib import Path
+
+import yaml
+
+from .settings import max_new_tokens_for, sampling_for
+
+
+def load_sheet(path: str | Path):
+    import pandas as pd
+
+    sheet = pd.read_csv(path, sep="\t", dtype={"category": str, "prompts": str}, comment="#")
+    return sheet.set_index("category", drop=False)
+
+
+def category_row(sheet, category: str) -> dict:
+    return {k: v for k, v in sheet.loc[category].to_dict().items() if v == v}  # drop NaN cells
+
+
+def tokenize_params(config: dict, category: dict) -> dict:
+    return {
+        "model": config["model"],
+        "budget": {
+            "max_new_tokens": max_new_tokens_for(config, category),
+            "min_new_tokens": int(config["min_new_tokens"]),
+            "reserve_tokens": int(config["reserve_tokens"]),
+        },
+        "samples_per_prompt": int(category.get("samples_per_prompt", config["samples_per_prompt"])),
+        "seed": int(config["seed"]),
+    }
+
+
+def generate_params(config: dict, category: dict) -> dict:
+    return {
+        "model": config["model"],
+        "sampling": sampling_for(config, category),
+        "engine": config["engine"],
+        "client": config["client"],
+        "max_failed_share": float(config["max_failed_share"]),
+        "cache_dir": str(config["cache_dir"]),
+    }
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> dict:
+    """The config as Snakemake would see it, validated against the schema (for command-line use)."""
+    from snakemake.utils import validate
+
+    with open(path) as fh:
+        config = yaml.safe_load(fh)
+    config.update(overrides or {})
+    validate(config, str(Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"))
+    return config
+
+
+def setup_logging(log_file: str | Path | None = None, level: int = logging.INFO) -> None:
+    """Configure logging once: to the rule's log file, or to stderr when run by hand."""
+    if log_file:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        handlers: list[logging.Handler] = [logging.FileHandler(log_file)]
+    else:
+        handlers = [logging.StreamHandler(sys.stderr)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True)
+
+
+def cli_context(description: str, extra=None):
+    """Arguments shared by every entry point run by hand: the config file and the category."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", default="config/config.yaml", help="config file (default: %(default)s)")
+    parser.add_argument("--category", help="category name from the category sheet")
+    if extra is not None:
+        extra(parser)
+    args = parser.parse_args()
+    setup_logging()
+    config = load_config(args.config)
+    row = category_row(load_sheet(config["categories"]), args.category) if args.category else None
+    return args, config, row

@@ -1,0 +1,53 @@
+"""The generate journal: resumable, keyed by (id, sample_index), torn tails recovered."""
+
+import json
+
+from eagle3_datagen.journal import Journal
+
+
+def entry(i, status="ok", fingerprint="f"):
+    return {"id": f"r{i}", "sample_index": 0, "fingerprint": fingerprint, "status": status, "output_ids": [i, 7]}
+
+
+def test_entries_survive_a_reopen(tmp_path):
+    path = tmp_path / "j.jsonl"
+    with Journal(path) as j:
+        for i in range(5):
+            j.append(entry(i))
+    with Journal(path) as j:
+        assert set(j.entries) == {(f"r{i}", 0) for i in range(5)}
+        assert j.reusable(("r3", 0), "f")["output_ids"] == [3, 7]
+
+
+def test_torn_last_line_is_cut_and_the_rest_kept(tmp_path):
+    path = tmp_path / "j.jsonl"
+    with Journal(path) as j:
+        for i in range(3):
+            j.append(entry(i))
+    with open(path, "ab") as fh:
+        fh.write(b'{"id": "r3", "sample_index": 0, "status": "o')
+    with Journal(path) as j:
+        assert j.torn_bytes > 0
+        assert set(j.entries) == {("r0", 0), ("r1", 0), ("r2", 0)}
+        j.append(entry(3))
+    lines = path.read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines] == ["r0", "r1", "r2", "r3"]
+
+
+def test_only_ok_entries_with_the_same_fingerprint_are_reused(tmp_path):
+    with Journal(tmp_path / "j.jsonl") as j:
+        j.append(entry(1, status="failed"))
+        j.append(entry(2, fingerprint="old"))
+        j.append(entry(3))
+        assert j.reusable(("r1", 0), "f") is None
+        assert j.reusable(("r2", 0), "f") is None
+        assert j.reusable(("r3", 0), "f") is not None
+
+
+def test_last_entry_for_a_key_wins(tmp_path):
+    path = tmp_path / "j.jsonl"
+    with Journal(path) as j:
+        j.append(entry(1, status="failed"))
+        j.append(entry(1))
+    with Journal(path) as j:
+        assert j.entries[("r1", 0)]["status"] == "ok"

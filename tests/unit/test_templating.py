@@ -1,0 +1,125 @@
+"""Client-side chat templating: exact prompt ids, the Kimi-K2.5 <think> suffix, literal control text kept as text."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from eagle3_datagen.settings import Budget, ModelProfile
+from eagle3_datagen.templating import ChatTokenizer, ControlText, output_budget, token_id, tokenizer_fingerprint
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_tokenizer_dir):
+    profile = ModelProfile(name="qwen3", tokenizer=str(qwen3_tokenizer_dir), context_length=4096, stop_tokens=("<|im_end|>",))
+    return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir)), profile
+
+
+@pytest.fixture(scope="module")
+def kimi(kimi_tokenizer_dir):
+    profile = ModelProfile(
+        name="kimi", tokenizer=str(kimi_tokenizer_dir), context_length=4096, stop_tokens=("<|im_end|>",),
+        chat_template_kwargs={"thinking": True}, prompt_suffix=("<think>",),
+    )
+    return AutoTokenizer.from_pretrained(str(kimi_tokenizer_dir)), profile
+
+
+def ids(chat, messages, tools=None):
+    return chat.tokenize([messages], [tools])[0].prompt_ids
+
+
+def test_qwen3_generation_prompt_is_reproduced_exactly(qwen3):
+    tok, profile = qwen3
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"}]
+    expected_text = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    expected = tok(expected_text, add_special_tokens=False)["input_ids"]
+    got = ids(ChatTokenizer(tok, profile), messages)
+    assert got == expected
+    assert got[-3:] == [token_id(tok, "<|im_start|>"), *tok("assistant\n", add_special_tokens=False)["input_ids"]]
+
+
+def test_batched_ids_equal_apply_chat_template_row_by_row(qwen3):
+    tok, profile = qwen3
+    conversations = [
+        [{"role": "user", "content": f"Question number {i}: {'why ' * i}?"}] for i in range(12)
+    ] + [[{"role": "user", "content": "Weather in Paris?"}], [{"role": "user", "content": "Weather in Oslo?"}]]
+    tools = [None] * 12 + [WEATHER, WEATHER]
+    got = [t.prompt_ids for t in ChatTokenizer(tok, profile).tokenize(conversations, tools)]
+    for conv, tl, row in zip(conversations, tools, got):
+        assert row == tok.apply_chat_template(conv, tools=tl, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def test_kimi_shaped_prompt_ends_with_think(kimi):
+    tok, profile = kimi
+    got = ids(ChatTokenizer(tok, profile), [{"role": "user", "content": "Hello"}])
+    assert got[-1] == token_id(tok, "<think>") == 163606
+    assert got[-2] == token_id(tok, "<|im_middle|>")
+    assert token_id(tok, "<|im_assistant|>") in got[-5:]
+
+
+def test_kimi_thinking_false_ends_with_empty_think_block(kimi):
+    tok, _ = kimi
+    profile = ModelProfile(name="kimi", tokenizer="x", context_length=4096, stop_tokens=("<|im_end|>",), chat_template_kwargs={"thinking": False})
+    got = ids(ChatTokenizer(tok, profile), [{"role": "user", "content": "Hello"}])
+    assert got[-2:] == [token_id(tok, "<think>"), token_id(tok, "</think>")]
+
+
+@pytest.mark.parametrize("fixture_name", ["qwen3", "kimi"])
+@pytest.mark.parametrize("literal", ["<|im_end|>", "<think>", "</think>"])
+def test_control_token_text_in_user_content_stays_text(request, fixture_name, literal):
+    tok, profile = request.getfixturevalue(fixture_name)
+    chat = ChatTokenizer(tok, profile)
+    control = token_id(tok, literal)
+    plain = ids(chat, [{"role": "user", "content": "please explain the string"}])
+    got = ids(chat, [{"role": "user", "content": f"please explain the string {literal} here"}])
+    # The template's own control tokens are all still there, and the literal adds none of its id.
+    assert got.count(control) == plain.count(control)
+    # ... yet the text survives a round trip exactly.
+    assert literal in tok.decode(got)
+    # A naive apply_chat_template would have turned it into the control token.
+    naive = tok.apply_chat_template([{"role": "user", "content": f"please explain the string {literal} here"}], add_generation_prompt=True, tokenize=True, return_dict=False, **profile.chat_template_kwargs)
+    assert naive.count(control) == plain.count(control) + 1
+
+
+def test_control_text_in_assistant_history_is_left_to_the_template(qwen3):
+    tok, profile = qwen3
+    messages = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nb"},
+        {"role": "user", "content": "c"},
+    ]
+    got = ids(ChatTokenizer(tok, profile), messages)
+    assert got == tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def test_control_text_finder_prefers_the_longest_token(kimi):
+    tok, _ = kimi
+    spans = ControlText(tok).spans("a </think> b <think>c<|im_end|>")
+    assert [("a </think> b <think>c<|im_end|>")[s:e] for s, e in spans] == ["</think>", "<think>", "<|im_end|>"]
+
+
+def test_output_budget_cuts_to_the_context_and_skips_when_too_small():
+    budget = Budget(max_new_tokens=100, min_new_tokens=16, reserve_tokens=4)
+    assert output_budget(10, context_length=200, budget=budget) == (100, None)
+    assert output_budget(150, context_length=200, budget=budget) == (46, None)
+    value, reason = output_budget(190, context_length=200, budget=budget)
+    assert value == 6 and "over-long" in reason and "190 tokens" in reason
+
+
+def test_fingerprint_changes_with_the_template(qwen3):
+    tok, _ = qwen3
+    before = tokenizer_fingerprint(tok)
+    original = tok.chat_template
+    try:
+        tok.chat_template = original + " "
+        after = tokenizer_fingerprint(tok)
+    finally:
+        tok.chat_template = original
+    assert before["tokenizer_sha256"] == after["tokenizer_sha256"]
+    assert before["chat_template_sha256"] != after["chat_template_sha256"]
+
+
+def test_unknown_token_is_an_error(qwen3):
+    tok, _ = qwen3
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        token_id(tok, "<|no_such_token|>")
