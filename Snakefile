@@ -18,9 +18,9 @@ include: "rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         expand("results/dataset/{category}.jsonl", category=CATEGORIES),
         "results/dataset/train.jsonl",
         "results/summary.tsv",
         "results/plots/lengths.png",
-    default_target: True

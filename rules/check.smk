@@ -6,10 +6,10 @@ rule check_sequences:
         report="results/checks/{category}.sequences.json",
     log:
         "logs/check_sequences/{category}.log",
-    params:
-        model=config["model"],
     localrule: True
     conda:
         "../envs/pipeline.yaml"
+    params:
+        model=config["model"],
     script:
         "../scripts/check_sequences.py"

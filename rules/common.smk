@@ -7,7 +7,6 @@ sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
 
 from eagle3_datagen import workflow as wf
 
-
 validate(config, "../schemas/config.schema.yaml")
 
 sheet = wf.load_sheet(config["categories"])

@@ -9,11 +9,11 @@ rule export_dataset:
         rejected="results/dataset/{category}.rejected.jsonl",
     log:
         "logs/export_dataset/{category}.log",
-    params:
-        export=config.get("export", {}),
     localrule: True
     conda:
         "../envs/pipeline.yaml"
+    params:
+        export=config.get("export", {}),
     script:
         "../scripts/export_dataset.py"
 

@@ -9,9 +9,9 @@ rule generate:
         server="logs/generate/{category}.server.log",
     benchmark:
         "benchmarks/generate/{category}.tsv"
-    params:
-        cfg=get_generate_params,
     conda:
         "../envs/engine.yaml"
+    params:
+        cfg=get_generate_params,
     script:
         "../scripts/generate.py"

@@ -1,7 +1,11 @@
 rule summarize:
     input:
-        generations=expand("results/generations/{category}.parquet", category=CATEGORIES),
-        rejected=expand("results/dataset/{category}.rejected.jsonl", category=CATEGORIES),
+        generations=expand(
+            "results/generations/{category}.parquet", category=CATEGORIES
+        ),
+        rejected=expand(
+            "results/dataset/{category}.rejected.jsonl", category=CATEGORIES
+        ),
     output:
         summary=report(
             "results/summary.tsv",
@@ -15,10 +19,10 @@ rule summarize:
         ),
     log:
         "logs/summarize.log",
-    params:
-        categories=CATEGORIES,
     localrule: True
     conda:
         "../envs/pipeline.yaml"
+    params:
+        categories=CATEGORIES,
     script:
         "../scripts/summarize.py"

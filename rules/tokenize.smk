@@ -6,12 +6,12 @@ rule build_demo_model:
         "logs/build_demo_model.log",
     benchmark:
         "benchmarks/build_demo_model.tsv"
-    params:
-        steps=config.get("demo_model", {}).get("steps", 120),
-        seed=config.get("demo_model", {}).get("seed", 0),
     localrule: True
     conda:
         "../envs/engine.yaml"
+    params:
+        steps=config.get("demo_model", {}).get("steps", 120),
+        seed=config.get("demo_model", {}).get("seed", 0),
     script:
         "../scripts/build_demo_model.py"
 
@@ -26,10 +26,10 @@ rule tokenize_prompts:
         "logs/tokenize_prompts/{category}.log",
     benchmark:
         "benchmarks/tokenize_prompts/{category}.tsv"
-    params:
-        cfg=get_tokenize_params,
     localrule: True
     conda:
         "../envs/pipeline.yaml"
+    params:
+        cfg=get_tokenize_params,
     script:
         "../scripts/tokenize_prompts.py"

@@ -53,7 +53,8 @@ def check_sequences(generations: list[dict], prompts: list[dict], *, tokenizer, 
     ok_rows = [g for g in generations if g["status"] == "ok"]
     report.checked = len(ok_rows)
 
-    by_key = {(p["id"], int(p["sample_index"])): p for p in prompts}
+    # Only usable rows have a unique (id, sample_index); a skipped duplicate may share its id.
+    by_key = {(p["id"], int(p["sample_index"])): p for p in prompts if p["status"] == "ok"}
     fresh = _fresh_prompt_ids([by_key[(g["id"], int(g["sample_index"]))] for g in ok_rows], tokenizer, profile)
 
     for g, fresh_ids in zip(ok_rows, fresh):

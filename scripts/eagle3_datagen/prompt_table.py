@@ -33,7 +33,8 @@ def build_prompt_rows(
     by_id = dict(zip((id(r) for r in usable), tokenized))
     out = []
     for row in rows:
-        messages_json = json.dumps(row.messages, ensure_ascii=False, sort_keys=True)
+        # Key order is kept as given: templates render `tools | tojson` and dict arguments as they are.
+        messages_json = json.dumps(row.messages, ensure_ascii=False)
         tokens = by_id.get(id(row))
         prompt_ids = tokens.prompt_ids if tokens is not None else []
         reason = row.reason
@@ -50,7 +51,7 @@ def build_prompt_rows(
                     "category": category,
                     "source": row.source,
                     "messages": messages_json,
-                    "tools": json.dumps(row.tools, ensure_ascii=False, sort_keys=True) if row.tools else "",
+                    "tools": json.dumps(row.tools, ensure_ascii=False) if row.tools else "",
                     "messages_sha256": stable_hash([row.messages, row.tools]),
                     "prompt_ids": prompt_ids,
                     "n_prompt_tokens": len(prompt_ids),

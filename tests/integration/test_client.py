@@ -1,0 +1,165 @@
+"""The generate client against the local engine (scripted backend): exact ids, retries, final errors."""
+
+import asyncio
+import json
+import random
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from eagle3_datagen.client import FinalError, GenerateClient, Request, RequestTemplate, RetryableError, check_server_info, error_text, parse_response
+from eagle3_datagen.engine.backends import ScriptedBackend
+from eagle3_datagen.engine.server import Faults, create_app
+from eagle3_datagen.journal import Journal
+from eagle3_datagen.settings import ClientSettings
+
+FAST = dict(backoff_initial_s=0.01, backoff_max_s=0.05, progress_interval_s=0.5)
+
+
+@pytest.fixture
+def backend(qwen3_tokenizer_dir):
+    # One per test: the app closes its backend when it shuts down.
+    return ScriptedBackend(str(qwen3_tokenizer_dir))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(qwen3_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
+
+
+def requests_for(tokenizer, n, *, max_new_tokens=40):
+    out = []
+    for i in range(n):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}], add_generation_prompt=True, tokenize=True, return_dict=False)
+        out.append(Request(id=f"q.{i}", sample_index=0, prompt_ids=ids, max_new_tokens=max_new_tokens, seed=1000 + i, fingerprint=f"f{i}"))
+    return out
+
+
+def template(tokenizer):
+    return RequestTemplate(
+        sampling={"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0},
+        stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>")],
+        vocab_size=len(tokenizer),
+    )
+
+
+def run_against(backend, tokenizer, requests, *, faults=None, record=None, settings=None, context_length=4096, journal=None):
+    async def main():
+        app = create_app(backend, context_length=context_length, model_path="m", tokenizer_path="t", record_path=record, faults=faults)
+        async with TestServer(app, host="127.0.0.1") as server:
+            url = str(server.make_url("")).rstrip("/")
+            client = GenerateClient([url], template(tokenizer), settings or ClientSettings(concurrency=8, **FAST), rng=random.Random(0))
+            async with aiohttp.ClientSession() as session:
+                for _ in range(400):
+                    async with session.get(f"{url}/health") as resp:
+                        if resp.status == 200:
+                            break
+                    await asyncio.sleep(0.05)
+            return await client.run(requests, journal)
+
+    return asyncio.run(main())
+
+
+def read_record(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_ok_rows_hold_exactly_the_served_output_ids(backend, tokenizer, tmp_path):
+    reqs = requests_for(tokenizer, 20)
+    results = run_against(backend, tokenizer, reqs, record=tmp_path / "rec.jsonl")
+    served = {r["rid"].rsplit(".", 2)[0]: r for r in read_record(tmp_path / "rec.jsonl")}
+    assert len(served) == 20
+    for req in reqs:
+        result = results[req.key]
+        assert result["status"] == "ok" and result["attempts"] == 1
+        engine = served[f"{req.id}.{req.sample_index}"]
+        assert result["output_ids"] == engine["output_ids"]
+        assert engine["input_ids"] == req.prompt_ids
+        assert engine["sampling_params"]["sampling_seed"] == req.seed
+        assert engine["sampling_params"]["max_new_tokens"] == req.max_new_tokens
+
+
+def test_transient_faults_are_retried_until_every_row_is_ok(backend, tokenizer, tmp_path):
+    reqs = requests_for(tokenizer, 40)
+    faults = Faults(error_rate=0.2, reset_rate=0.1, seed=3)
+    results = run_against(backend, tokenizer, reqs, faults=faults, record=tmp_path / "rec.jsonl", settings=ClientSettings(concurrency=8, max_retries=10, **FAST))
+    assert all(r["status"] == "ok" for r in results.values())
+    assert sum(r["attempts"] for r in results.values()) > len(reqs)  # some were retried
+    rids = [r["rid"] for r in read_record(tmp_path / "rec.jsonl")]
+    assert len(rids) == len(set(rids))  # a fresh rid per attempt
+
+
+def test_hangs_time_out_and_are_retried(backend, tokenizer):
+    reqs = requests_for(tokenizer, 10)
+    settings = ClientSettings(concurrency=4, max_retries=8, request_timeout_floor_s=0.5, request_timeout_per_token_s=0.0, **FAST)
+    results = run_against(backend, tokenizer, reqs, faults=Faults(hang_rate=0.3, seed=1), settings=settings)
+    assert all(r["status"] == "ok" for r in results.values())
+
+
+def test_persistent_failures_are_recorded_with_their_reason(backend, tokenizer, tmp_path):
+    reqs = requests_for(tokenizer, 6)
+    settings = ClientSettings(concurrency=4, max_retries=2, **FAST)
+    with Journal(tmp_path / "j.jsonl") as journal:
+        results = run_against(backend, tokenizer, reqs, faults=Faults(fail_rids=r"^q\.[24]\."), settings=settings, journal=journal)
+    failed = {k for k, r in results.items() if r["status"] == "failed"}
+    assert failed == {("q.2", 0), ("q.4", 0)}
+    for key in failed:
+        assert results[key]["attempts"] == 3
+        assert "gave up after 3 attempts: HTTP 500" in results[key]["error"]
+    with Journal(tmp_path / "j.jsonl") as journal:
+        assert {k for k, e in journal.entries.items() if e["status"] == "failed"} == failed
+
+
+def test_http_400_is_final_and_keeps_sglangs_message(backend, tokenizer):
+    (req,) = requests_for(tokenizer, 1, max_new_tokens=5000)
+    results = run_against(backend, tokenizer, [req], context_length=1024)
+    result = results[req.key]
+    assert result["status"] == "failed" and result["attempts"] == 1
+    assert result["error"].startswith("HTTP 400: Requested token count exceeds the model's maximum context length of 1024 tokens")
+
+
+@pytest.mark.parametrize(
+    "body, expected",
+    [
+        ('{"error": {"message": "too long"}}', "HTTP 400: too long"),
+        ('{"error": "unknown field `x`"}', "HTTP 400: unknown field `x`"),
+        ('{"detail": "Service unavailable"}', "HTTP 400: Service unavailable"),
+        ("<html>bad gateway</html>", "HTTP 400: <html>bad gateway</html>"),
+    ],
+)
+def test_error_text_reads_all_three_sglang_error_shapes(body, expected):
+    assert error_text(400, body) == expected
+
+
+@pytest.mark.parametrize(
+    "data, problem",
+    [
+        ({"text": "x", "meta_info": {"finish_reason": {"type": "stop", "matched": 2}}}, "'output_ids' missing"),
+        ({"output_ids": [1, "2"], "meta_info": {"finish_reason": {"type": "stop"}}}, "'output_ids' missing"),
+        ({"output_ids": [1, 2], "meta_info": {}}, "finish_reason' missing"),
+        ({"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "abort", "message": "Aborted"}}}, "aborted by the server"),
+        ({"output_ids": [1, 999], "meta_info": {"finish_reason": {"type": "stop", "matched": 999}}}, "outside the vocabulary"),
+        ({"output_ids": [1] * 11, "meta_info": {"finish_reason": {"type": "length", "length": 11}}}, "more than max_new_tokens"),
+        ([], "expected an object"),
+    ],
+)
+def test_malformed_answers_are_never_data(data, problem):
+    req = Request("r", 0, [1], max_new_tokens=10, seed=1)
+    with pytest.raises(RetryableError, match=problem):
+        parse_response(data, req, vocab_size=100)
+
+
+def test_server_checks_refuse_auto_truncation_and_warn_on_parsers():
+    with pytest.raises(RuntimeError, match="allow-auto-truncate"):
+        check_server_info({"allow_auto_truncate": True, "context_length": 4096}, context_length=4096, url="u")
+    with pytest.raises(RuntimeError, match="context of 2048"):
+        check_server_info({"context_length": 2048}, context_length=4096, url="u")
+    warnings = check_server_info({"context_length": 8192, "reasoning_parser": "kimi_k2", "tool_call_parser": "kimi_k2"}, context_length=4096, url="u")
+    assert len(warnings) == 2 and "--reasoning-parser kimi_k2" in warnings[0]
+
+
+def test_final_error_class_is_not_retryable():
+    assert not issubclass(FinalError, RetryableError)

