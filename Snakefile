@@ -24,3 +24,7 @@ rule all:
         "results/dataset/train.jsonl",
         "results/summary.tsv",
         "results/plots/lengths.png",
+        expand("results/checks/{category}.json", category=CATEGORIES),
+        "results/plots/verdicts.png",
+        "results/plots/token_share.png",
+        "results/plots/finish_reasons.png",

@@ -45,3 +45,8 @@ def get_tokenize_params(wildcards):
 
 def get_generate_params(wildcards):
     return wf.generate_params(config, get_category(wildcards))
+
+
+def get_generate_gpus(wildcards, input):
+    """GPUs of a generate job: none when its plan has nothing to send."""
+    return wf.generate_gpus(config["engine"], input.plan)

@@ -3,7 +3,7 @@
 import logging
 from pathlib import Path
 
-from eagle3_datagen.generation import generate_category
+from eagle3_datagen.generation import generate_category, journal_path
 from eagle3_datagen.settings import ClientSettings, ModelProfile
 from eagle3_datagen.tables import GENERATIONS_SCHEMA, read_provenance, read_rows, write_table
 from eagle3_datagen.templating import load_tokenizer
@@ -23,7 +23,7 @@ def main(prompts: Path, out: Path, *, category: str, params: dict, server_log: P
         sampling=params["sampling"],
         engine=params["engine"],
         client_settings=ClientSettings.from_config(params["client"]),
-        journal_path=Path(params["cache_dir"]) / "journal" / f"{category}.jsonl",
+        journal_path=journal_path(params["cache_dir"], category),
         server_log=server_log,
         max_failed_share=params["max_failed_share"],
         category=category,

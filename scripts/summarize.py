@@ -4,7 +4,8 @@ import argparse
 import logging
 from pathlib import Path
 
-from eagle3_datagen.summary import category_summary, plot_lengths, read_jsonl, write_summary
+from eagle3_datagen.figures import plot_lengths
+from eagle3_datagen.summary import category_summary, read_jsonl, write_summary
 from eagle3_datagen.tables import read_rows
 from eagle3_datagen.workflow import setup_logging
 

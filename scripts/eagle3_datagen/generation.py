@@ -1,6 +1,7 @@
 """Generate one category: plan what needs the server, run the client, assemble the generations table."""
 
 import asyncio
+import hashlib
 import json
 import logging
 import signal
@@ -30,11 +31,61 @@ class Plan:
     skipped: int = 0
 
     def summary(self) -> dict:
-        return {"to_send": len(self.to_send), "reused": len(self.reused), "skipped": self.skipped}
+        """The cost preview: what a run would send, and what it already has."""
+        return {
+            "to_send": len(self.to_send),
+            "reused": len(self.reused),
+            "skipped": self.skipped,
+            "prompt_tokens_to_send": sum(len(r.prompt_ids) for r in self.to_send),
+            "max_new_tokens_to_send": sum(r.max_new_tokens for r in self.to_send),
+        }
 
 
-def make_template(tokenizer, profile: ModelProfile, sampling: dict) -> RequestTemplate:
-    fingerprint = {"model": profile.name, **tokenizer_fingerprint(tokenizer), "chat_template_kwargs": profile.chat_template_kwargs}
+# Weights up to this size are hashed whole; larger checkpoints are identified by file names and sizes.
+FULL_HASH_LIMIT = 256 * 1024 * 1024
+
+
+def model_dir_fingerprint(model_dir: str | Path) -> str:
+    """sha256 of a model directory's config and weights, cheap enough for any checkpoint size."""
+    root = Path(model_dir)
+    digest = hashlib.sha256()
+    for name in ("config.json", "generation_config.json"):
+        if (root / name).exists():
+            digest.update(name.encode() + b"\0" + (root / name).read_bytes())
+    weights = sorted(p for p in root.iterdir() if p.suffix in (".safetensors", ".bin", ".pt"))
+    whole = sum(p.stat().st_size for p in weights) <= FULL_HASH_LIMIT
+    for p in weights:
+        digest.update(f"{p.name}:{p.stat().st_size}".encode())
+        if whole:
+            with open(p, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()
+
+
+def server_fingerprint(engine: dict) -> dict:
+    """What identifies the server's model, known before any server starts.
+
+    For an external server nothing can be read before the run: model.name (part of the model
+    fingerprint) identifies what it serves, so change the name when the served model changes.
+    """
+    if engine["kind"] == "local":
+        local = engine["local"]
+        fingerprint = {"kind": "local", "backend": local["backend"]}
+        if local["backend"] == "model":
+            fingerprint["weights"] = model_dir_fingerprint(local["model_dir"])
+        return fingerprint
+    return {"kind": engine["kind"]}
+
+
+def make_template(tokenizer, profile: ModelProfile, sampling: dict, engine: dict) -> RequestTemplate:
+    fingerprint = {
+        "model": profile.name,
+        **tokenizer_fingerprint(tokenizer),
+        "chat_template_kwargs": profile.chat_template_kwargs,
+        "sglang_version": profile.sglang_version,
+        "server": server_fingerprint(engine),
+    }
     return RequestTemplate(
         sampling=dict(sampling),
         stop_token_ids=token_ids(tokenizer, profile.stop_tokens),
@@ -51,12 +102,22 @@ def plan(prompt_rows: list[dict], template: RequestTemplate, journal: Journal | 
             continue
         req = Request(row["id"], int(row["sample_index"]), list(row["prompt_ids"]), int(row["max_new_tokens"]), int(row["seed"]))
         req.fingerprint = template.fingerprint(req)
-        entry = journal.reusable(req.key, req.fingerprint) if journal is not None else None
+        entry = journal.reusable(req.fingerprint) if journal is not None else None
         if entry is not None:
             result.reused[req.key] = entry
         else:
             result.to_send.append(req)
     return result
+
+
+def journal_path(cache_dir: str | Path, category: str) -> Path:
+    return Path(cache_dir) / "journal" / f"{category}.jsonl"
+
+
+def preview(prompt_rows: list[dict], *, tokenizer, profile: ModelProfile, sampling: dict, engine: dict, journal: Path) -> dict:
+    """What generating this category would cost now, without sending anything or starting a server."""
+    template = make_template(tokenizer, profile, sampling, engine)
+    return plan(prompt_rows, template, Journal(journal, read_only=True) if journal.exists() else None).summary()
 
 
 def assemble(prompt_rows: list[dict], results: dict, template: RequestTemplate) -> list[dict]:
@@ -154,7 +215,7 @@ def generate_category(
     category: str,
 ) -> tuple[list[dict], dict]:
     """Generate every usable row of a category; returns (generations rows, provenance)."""
-    template = make_template(tokenizer, profile, sampling)
+    template = make_template(tokenizer, profile, sampling, engine)
     provenance = {"model_fingerprint": template.model_fingerprint, "stop_token_ids": template.stop_token_ids}
     with Journal(journal_path) as journal, terminate_on_sigterm():
         todo = plan(prompt_rows, template, journal)

@@ -5,8 +5,9 @@ batches, so a kill loses at most the unsynced tail, and those rows are simply re
 never written twice, because the journal is keyed by (id, sample_index) and the last entry wins.
 A torn last line (a kill mid-write) is cut off when the journal is opened.
 
-An entry is reused only when its request fingerprint (prompt ids, sampling, budget, seed, model)
-matches the row being generated now: an edited prompt is sent again, an unchanged one never is.
+The journal doubles as the generation cache: an ok entry is reused for any row whose request
+fingerprint (model and server, prompt ids, sampling, budget, seed, sample index) is the same, so an
+edited prompt is sent again and an unchanged one never is, whatever its file's timestamp says.
 """
 
 import json
@@ -19,15 +20,18 @@ log = logging.getLogger(__name__)
 
 
 class Journal:
-    def __init__(self, path: str | Path, *, sync_every: int = 64, sync_interval_s: float = 2.0):
+    def __init__(self, path: str | Path, *, sync_every: int = 64, sync_interval_s: float = 2.0, read_only: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.read_only = read_only
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.sync_every = sync_every
         self.sync_interval_s = sync_interval_s
         self.entries: dict[tuple[str, int], dict] = {}
+        self.by_fingerprint: dict[str, dict] = {}
         self.torn_bytes = 0
         self._load()
-        self._fh = open(self.path, "ab")
+        self._fh = None if read_only else open(self.path, "ab")
         self._unsynced = 0
         self._last_sync = time.monotonic()
 
@@ -49,23 +53,26 @@ class Journal:
             except (ValueError, KeyError, TypeError):
                 log.warning("journal %s: unreadable entry at byte %d; ignoring the rest", self.path, pos)
                 break
-            self.entries[key] = entry
+            self._index(key, entry)
             pos = good_end = newline + 1
         if good_end < len(data):
             self.torn_bytes = len(data) - good_end
-            log.warning("journal %s: cutting a torn tail of %d bytes", self.path, self.torn_bytes)
-            with open(self.path, "r+b") as fh:
-                fh.truncate(good_end)
+            if not self.read_only:
+                log.warning("journal %s: cutting a torn tail of %d bytes", self.path, self.torn_bytes)
+                with open(self.path, "r+b") as fh:
+                    fh.truncate(good_end)
 
-    def reusable(self, key: tuple[str, int], fingerprint: str) -> dict | None:
-        """The journalled ok result for this row, if it was made by the same request."""
-        entry = self.entries.get(key)
-        if entry is not None and entry.get("status") == "ok" and entry.get("fingerprint") == fingerprint:
-            return entry
-        return None
+    def _index(self, key: tuple[str, int], entry: dict) -> None:
+        self.entries[key] = entry
+        if entry.get("status") == "ok" and entry.get("fingerprint"):
+            self.by_fingerprint[entry["fingerprint"]] = entry
+
+    def reusable(self, fingerprint: str) -> dict | None:
+        """A journalled ok result made by exactly this request, if there is one."""
+        return self.by_fingerprint.get(fingerprint)
 
     def append(self, entry: dict) -> None:
-        self.entries[(entry["id"], int(entry["sample_index"]))] = entry
+        self._index((entry["id"], int(entry["sample_index"])), entry)
         self._fh.write(json.dumps(entry, separators=(",", ":")).encode("utf-8") + b"\n")
         self._fh.flush()
         self._unsynced += 1
@@ -79,7 +86,7 @@ class Journal:
         self._last_sync = time.monotonic()
 
     def close(self) -> None:
-        if not self._fh.closed:
+        if self._fh is not None and not self._fh.closed:
             self.sync()
             self._fh.close()
 

@@ -1,4 +1,4 @@
-"""Per-category accounting and the length figure.
+"""Per-category accounting.
 
 The summary counts every input row exactly once, as ok (exported), skipped, failed or filtered.
 """
@@ -44,29 +44,6 @@ def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, sep="\t", index=False)
     return frame
-
-
-def plot_lengths(lengths: dict[str, tuple[list[int], list[int]]], path: Path) -> None:
-    """Histograms of prompt and output lengths (tokens), one colour per category."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, which, title in ((axes[0], 0, "prompt tokens"), (axes[1], 1, "output tokens")):
-        for category, pair in sorted(lengths.items()):
-            values = pair[which]
-            if values:
-                ax.hist(values, bins=30, alpha=0.55, label=f"{category} (n={len(values)})")
-        ax.set_xlabel(title)
-        ax.set_ylabel("rows")
-        ax.set_title(f"Distribution of {title}")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -161,11 +161,11 @@ class ChatTokenizer:
             protected.append(message)
         return protected
 
-    def render(self, conversations: list[list[dict]], tools: list | None) -> list[str]:
+    def render(self, conversations: list[list[dict]], tools: list | None, *, add_generation_prompt: bool = True) -> list[str]:
         rendered = self.tokenizer.apply_chat_template(
             conversations,
             tools=tools,
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
             tokenize=False,
             **self.profile.chat_template_kwargs,
         )
@@ -191,28 +191,44 @@ class ChatTokenizer:
             ids.extend(self._encode_batch([text[last:]])[0])
         return ids
 
+    def render_and_encode(self, conversations: list[list[dict]], tools: list | None, *, add_generation_prompt: bool = True) -> tuple[list[str], list[list[int]], list[bool]]:
+        """Render conversations that share one `tools` list and encode them in one batch.
+
+        Returns the rendered texts (with marks where literal control text was cut out), the ids,
+        and whether each conversation held literal control text.
+        """
+        literal_lists: list[list[str]] = []
+        protected = []
+        for conversation in conversations:
+            literals: list[str] = []
+            protected.append(self._protect(conversation, literals))
+            literal_lists.append(literals)
+        texts = self.render(protected, tools, add_generation_prompt=add_generation_prompt)
+        ids: list[list[int] | None] = [None] * len(texts)
+        plain = [k for k, lits in enumerate(literal_lists) if not lits]
+        for k, row in zip(plain, self._encode_batch([texts[k] for k in plain])):
+            ids[k] = row
+        for k, lits in enumerate(literal_lists):
+            if lits:
+                ids[k] = self._encode_with_literals(texts[k], lits)
+        return texts, ids, [bool(lits) for lits in literal_lists]  # type: ignore[return-value]
+
     def tokenize(self, conversations: list[list[dict]], tools_list: list) -> list[Tokenized]:
         """Prompt ids of each conversation; rows are batched by identical tools."""
         results: list[Tokenized | None] = [None] * len(conversations)
-        groups: dict[str, list[int]] = {}
-        for i, tools in enumerate(tools_list):
-            groups.setdefault(json.dumps(tools, sort_keys=True), []).append(i)
-        for indices in groups.values():
-            tools = tools_list[indices[0]]
-            literal_lists: list[list[str]] = []
-            protected = []
-            for i in indices:
-                literals: list[str] = []
-                protected.append(self._protect(conversations[i], literals))
-                literal_lists.append(literals)
-            texts = self.render(protected, tools)
-            plain = [k for k, lits in enumerate(literal_lists) if not lits]
-            for k, ids in zip(plain, self._encode_batch([texts[k] for k in plain])):
-                results[indices[k]] = Tokenized(ids, False)
-            for k, lits in enumerate(literal_lists):
-                if lits:
-                    results[indices[k]] = Tokenized(self._encode_with_literals(texts[k], lits), True)
+        for indices in group_by_tools(tools_list).values():
+            _, ids, literal = self.render_and_encode([conversations[i] for i in indices], tools_list[indices[0]])
+            for i, row, has_literal in zip(indices, ids, literal):
+                results[i] = Tokenized(row, has_literal)
         return results  # type: ignore[return-value]
+
+
+def group_by_tools(tools_list: list) -> dict[str, list[int]]:
+    """Row indices grouped by identical tools: a chat-template batch takes one `tools` argument."""
+    groups: dict[str, list[int]] = {}
+    for i, tools in enumerate(tools_list):
+        groups.setdefault(json.dumps(tools, sort_keys=True), []).append(i)
+    return groups
 
 
 def output_budget(n_prompt_tokens: int, *, context_length: int, budget: Budget) -> tuple[int, str | None]:

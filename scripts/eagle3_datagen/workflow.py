@@ -83,3 +83,16 @@ def cli_context(description: str, extra=None):
     config = load_config(args.config)
     row = category_row(load_sheet(config["categories"]), args.category) if args.category else None
     return args, config, row
+
+
+def generate_gpus(engine: dict, plan_file: str | Path) -> int:
+    """GPUs a generate job asks for: the launched server's, and none when nothing is left to send.
+
+    Only an engine that launches a GPU server needs any; the local CPU engine and external servers
+    need none.
+    """
+    import json
+
+    if json.loads(Path(plan_file).read_text())["to_send"] == 0:
+        return 0
+    return int(engine.get("sglang", {}).get("tp_size", 1)) if engine["kind"] == "sglang" else 0

@@ -101,11 +101,28 @@ def test_provenance_travels_with_the_generations(demo_run):
     assert table.schema.field("output_ids").type.value_type == pa.int32()
 
 
+def test_parser_check_gives_every_generated_row_a_verdict(demo_run):
+    seen = set()
+    for category in ("math", "code", "chat"):
+        summary = json.loads((demo_run.path / "results" / "checks" / f"{category}.json").read_text())
+        verdicts = pq.read_table(demo_run.path / "results" / "checks" / f"{category}.parquet").to_pylist()
+        exported = demo_run.jsonl(f"results/dataset/{category}.jsonl")
+        assert summary["verdicts"]["total"] == len(verdicts) == len(exported)
+        assert {(v["id"], v["sample_index"]) for v in verdicts} == {(r["id"], r["sample_index"]) for r in exported}
+        seen |= {v["verdict"] for v in verdicts}
+        for v in verdicts:
+            assert (v["verdict"] == "exact") == (v["first_diff"] is None)
+    # The tiny model's mixed output shapes show more than one way the chat route loses tokens.
+    assert len(seen - {"exact"}) >= 2, seen
+
+
 def test_report_and_figures(demo_run):
-    assert (demo_run.path / "results" / "plots" / "lengths.png").stat().st_size > 10_000
+    for figure in ("lengths", "verdicts", "token_share", "finish_reasons"):
+        assert (demo_run.path / "results" / "plots" / f"{figure}.png").stat().st_size > 10_000, figure
     demo_run.snakemake("--report", "report.html")
     html = (demo_run.path / "report.html").read_text(errors="replace")
-    assert "lengths.png" in html and "summary.tsv" in html
+    for name in ("lengths.png", "verdicts.png", "token_share.png", "finish_reasons.png", "summary.tsv"):
+        assert name in html, name
 
 
 def test_nothing_left_to_do_after_a_run(demo_run):

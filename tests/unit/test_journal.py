@@ -5,7 +5,8 @@ import json
 from eagle3_datagen.journal import Journal
 
 
-def entry(i, status="ok", fingerprint="f"):
+def entry(i, status="ok", fingerprint=None):
+    fingerprint = fingerprint or f"f{i}"
     return {"id": f"r{i}", "sample_index": 0, "fingerprint": fingerprint, "status": status, "output_ids": [i, 7]}
 
 
@@ -16,7 +17,7 @@ def test_entries_survive_a_reopen(tmp_path):
             j.append(entry(i))
     with Journal(path) as j:
         assert set(j.entries) == {(f"r{i}", 0) for i in range(5)}
-        assert j.reusable(("r3", 0), "f")["output_ids"] == [3, 7]
+        assert j.reusable("f3")["output_ids"] == [3, 7]
 
 
 def test_torn_last_line_is_cut_and_the_rest_kept(tmp_path):
@@ -39,9 +40,10 @@ def test_only_ok_entries_with_the_same_fingerprint_are_reused(tmp_path):
         j.append(entry(1, status="failed"))
         j.append(entry(2, fingerprint="old"))
         j.append(entry(3))
-        assert j.reusable(("r1", 0), "f") is None
-        assert j.reusable(("r2", 0), "f") is None
-        assert j.reusable(("r3", 0), "f") is not None
+        assert j.reusable("f1") is None
+        assert j.reusable("f2") is None
+        assert j.reusable("old") is not None
+        assert j.reusable("f3") is not None
 
 
 def test_last_entry_for_a_key_wins(tmp_path):

@@ -1,0 +1,318 @@
+"""check_parsers: does the OpenAI chat route give back the exact tokens we generated?
+
+For each ok generation row this replays what SGLang's chat layer and a text-based trainer would do:
+
+1. decode `output_ids` as `serving_chat` does: a trailing stop id is trimmed when `finish_type` is
+   `stop`; `skip_special_tokens=True` unless the row has tools (then False);
+2. run the profile's reasoning parser with the chat layer's forcing (`parsers.chat_force_reasoning`),
+   then, for rows with tools, the tool-call parser (`parsers.parse_tool_calls`);
+3. rebuild the assistant message (`reasoning_content`, `content`, `tool_calls` with Kimi ids
+   `functions.{name}:{history + index}` and the arguments as the parser's raw JSON text), append it to
+   the row's messages and render the whole conversation through the chat template with
+   `add_generation_prompt=False`, then tokenize (no added special tokens; literal control text in
+   system/user/tool messages is protected exactly as for `prompt_ids`);
+4. compare the result (`route`) with `expected = prompt_ids + output_ids`.
+
+Alignment: the row is `exact` when `route[:len(expected)] == expected` and every extra route token is
+the template's own end of turn: whitespace-only tokens (Qwen3 renders `<|im_end|>\\n`), and, when
+`expected` does not end with a stop id (a `length` row), one stop id before them (the template
+closes the turn that generation left open). Otherwise `first_diff` is the first index where the two
+differ (or the length of the shorter one) and the row gets the first class that applies, in order:
+
+- `reasoning_token_lost`: `output_ids` hold `</think>` but the decoded text does not (skipped as a
+  special token), or the route has fewer `</think>` ids after the prompt than the output;
+- `truncated_without_reasoning_end`: `finish_type == "length"` and no `</think>` in `output_ids`
+  (the parser calls it all reasoning; the template then closes a `</think>` that was never generated);
+- `reasoning_dropped_by_template`: the parser found reasoning but the rendered conversation does not
+  contain it (Kimi templates render `<think></think>` for an assistant turn without tool calls that
+  is the last such turn: its reasoning is dropped);
+- `tool_call_reshaped`: `first_diff` falls inside the tool section of `expected` (from the section's
+  first token to its end token, or to the end of the output when it has none): ids, whitespace,
+  argument text or the whole section differ;
+- `text_after_tool_section_dropped`: `first_diff` lies after the section's end token;
+- `whitespace_changed`: the decoded texts from `first_diff` on differ only in whitespace;
+- `retokenization_drift`: the decoded texts from `first_diff` on are equal (same text, other ids);
+- `other`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Callable
+
+from . import parsers
+from .settings import ModelProfile
+from .templating import ChatTokenizer, group_by_tools, token_id, token_ids
+
+VERDICTS = (
+    "exact",
+    "reasoning_token_lost",
+    "truncated_without_reasoning_end",
+    "reasoning_dropped_by_template",
+    "tool_call_reshaped",
+    "text_after_tool_section_dropped",
+    "whitespace_changed",
+    "retokenization_drift",
+    "other",
+)
+
+_SECTION_TOKENS = {
+    "kimi_k2": ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+    "qwen25": ("<tool_call>", "</tool_call>"),
+}
+_WS = re.compile(r"\s+")
+EXCERPT_BEFORE, EXCERPT_AFTER = 12, 20
+
+
+@dataclass
+class RowFacts:
+    """What the classification needs to know about one non-exact row."""
+
+    finish_type: str
+    n_end_output: int  # `</think>` ids in output_ids
+    n_end_route: int  # `</think>` ids in the route after the prompt
+    end_in_text: bool  # `</think>` survived the chat layer's decode
+    reasoning: str  # parsed reasoning text
+    rendered: str  # the re-rendered conversation
+    section: tuple[int, int] | None  # tool section of expected: first token, end token (inclusive)
+    first_diff: int
+    expected_rest: list[int]  # expected[first_diff:]
+    route_rest: list[int]  # route[first_diff:], without the tolerated template tail
+    decode: Callable[[list[int]], str]
+
+    # Decoded only when the cheaper rules did not decide.
+    @cached_property
+    def expected_tail(self) -> str:
+        return self.decode(self.expected_rest)
+
+    @cached_property
+    def route_tail(self) -> str:
+        return self.decode(self.route_rest)
+
+
+def classify(f: RowFacts) -> str:
+    if f.n_end_output and (not f.end_in_text or f.n_end_route < f.n_end_output):
+        return "reasoning_token_lost"
+    if f.finish_type == "length" and not f.n_end_output:
+        return "truncated_without_reasoning_end"
+    if f.reasoning.strip() and f.reasoning.strip() not in f.rendered:
+        return "reasoning_dropped_by_template"
+    if f.section is not None:
+        start, end = f.section
+        if start <= f.first_diff <= end:
+            return "tool_call_reshaped"
+        if f.first_diff > end:
+            return "text_after_tool_section_dropped"
+    if f.expected_tail == f.route_tail:
+        return "retokenization_drift"
+    if _WS.sub("", f.expected_tail) == _WS.sub("", f.route_tail):
+        return "whitespace_changed"
+    return "other"
+
+
+class _Checker:
+    def __init__(self, tokenizer, profile: ModelProfile):
+        self.tokenizer = tokenizer
+        self.profile = profile
+        self.chat = ChatTokenizer(tokenizer, profile)
+        self.version = parsers.parse_version(profile.sglang_version)
+        self.stops = set(token_ids(tokenizer, profile.stop_tokens))
+        self.think_end = profile.reasoning_end or parsers.THINK_END
+        try:
+            self.think_end_id: int | None = token_id(tokenizer, self.think_end)
+        except ValueError:  # a model without a reasoning end token
+            self.think_end_id = None
+        self.reasoning_parser = profile.reasoning_parser
+        self.tool_parser = profile.tool_call_parser
+        section = _SECTION_TOKENS.get(self.tool_parser or "")
+        self.section_ids = tuple(token_ids(tokenizer, section)) if section else None
+        self.force = (
+            parsers.chat_force_reasoning(self.reasoning_parser, self.version, profile.chat_template_kwargs, _template_text(tokenizer))
+            if self.reasoning_parser
+            else False
+        )
+        self._ws_cache: dict[int, bool] = {}
+
+    # -- the chat layer ------------------------------------------------------------------
+
+    def assistant_message(self, text: str, tools, history: list[dict]) -> tuple[dict, str]:
+        reasoning, content = "", text
+        if self.reasoning_parser:
+            reasoning, content = parsers.parse_reasoning(text, parser=self.reasoning_parser, version=self.version, force_reasoning=self.force)
+        calls: list[parsers.ToolCall] = []
+        if tools and self.tool_parser:
+            content, calls = parsers.parse_tool_calls(content, tools, parser=self.tool_parser, version=self.version)
+        message: dict = {"role": "assistant", "content": content, "reasoning_content": reasoning or None}
+        if calls:
+            done = sum(len(m.get("tool_calls") or []) for m in history if m.get("role") == "assistant")
+            message["tool_calls"] = [
+                {
+                    "id": parsers.tool_call_id(c, parser=self.tool_parser, history_count=done, position=i),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for i, c in enumerate(calls)
+            ]
+        return message, reasoning
+
+    # -- comparison ----------------------------------------------------------------------
+
+    def _is_ws(self, tid: int) -> bool:
+        hit = self._ws_cache.get(tid)
+        if hit is None:
+            hit = self._ws_cache[tid] = self.tokenizer.decode([tid]).strip() == "" and tid not in self.stops
+        return hit
+
+    def tolerated_tail(self, route: list[int], expected_ends_with_stop: bool) -> int:
+        """How many trailing route tokens are the template's own end of turn (see the module doc)."""
+        j = len(route)
+        while j > 0 and self._is_ws(route[j - 1]):
+            j -= 1
+        if not expected_ends_with_stop and j > 0 and route[j - 1] in self.stops:
+            j -= 1
+        return len(route) - j
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _template_text(tokenizer) -> str | None:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        return "\n".join(str(t) for t in template.values())
+    return template
+
+
+def _first_diff(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # binary search on prefix equality (list slices compare in C)
+    while hi - lo > 64:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return next(i for i in range(lo, hi) if a[i] != b[i])
+
+
+def _section_span(output: list[int], offset: int, section_ids) -> tuple[int, int] | None:
+    if not section_ids:
+        return None
+    begin, end = section_ids
+    try:
+        start = output.index(begin)
+    except ValueError:
+        return None
+    try:
+        stop = len(output) - 1 - output[::-1].index(end)
+        if stop < start:
+            stop = len(output) - 1
+    except ValueError:
+        stop = len(output) - 1
+    return offset + start, offset + stop
+
+
+def check_rows(generations: list[dict], prompts: list[dict], *, tokenizer, profile: ModelProfile) -> list[dict]:
+    """One verdict row per ok generation row (see the module doc for the rules)."""
+    ck = _Checker(tokenizer, profile)
+    rows = [g for g in generations if g["status"] == "ok"]
+    by_key = {(p["id"], int(p["sample_index"])): p for p in prompts if p["status"] == "ok"}
+
+    prompt_rows = [by_key[(g["id"], int(g["sample_index"]))] for g in rows]
+    tools_list = [json.loads(p["tools"]) if p["tools"] else None for p in prompt_rows]
+    outputs = [list(g["output_ids"]) for g in rows]
+    trimmed = []
+    for g, out in zip(rows, outputs):
+        cut = g["finish_type"] == "stop" and out and out[-1] in ck.stops
+        trimmed.append(out[:-1] if cut else out)
+
+    # 1. decode as the chat layer does, in two batches (special tokens skipped unless tools).
+    texts: list[str | None] = [None] * len(rows)
+    for skip in (True, False):
+        idx = [i for i, t in enumerate(tools_list) if bool(t) != skip]
+        if idx:
+            for i, text in zip(idx, tokenizer.batch_decode([trimmed[i] for i in idx], skip_special_tokens=skip)):
+                texts[i] = text
+
+    # 2.-3. parse, rebuild, render per group of identical tools, encode in one batch per group.
+    routes: list[list[int] | None] = [None] * len(rows)
+    rendered: list[str] = [""] * len(rows)
+    reasonings: list[str] = [""] * len(rows)
+    for idx in group_by_tools(tools_list).values():
+        tools = tools_list[idx[0]]
+        conversations = []
+        for i in idx:
+            history = json.loads(prompt_rows[i]["messages"])
+            message, reasonings[i] = ck.assistant_message(texts[i], tools, history)
+            conversations.append(history + [message])
+        out, ids, _ = ck.chat.render_and_encode(conversations, tools, add_generation_prompt=False)
+        for k, i in enumerate(idx):
+            routes[i] = ids[k]
+            rendered[i] = out[k]
+
+    # 4. compare and classify.
+    verdicts = []
+    for i, g in enumerate(rows):
+        prompt_ids, output = list(g["prompt_ids"]), outputs[i]
+        expected = prompt_ids + output
+        route = routes[i]
+        ends_with_stop = bool(output) and output[-1] in ck.stops
+        n_end = output.count(ck.think_end_id) if ck.think_end_id is not None else 0
+        verdict, first_diff, exp_excerpt, route_excerpt = "exact", None, "", ""
+        n = len(expected)
+        if not (route[:n] == expected and ck.tolerated_tail(route, ends_with_stop) >= len(route) - n):
+            core = route[: len(route) - ck.tolerated_tail(route, ends_with_stop)]
+            first_diff = _first_diff(expected, core)
+            facts = RowFacts(
+                finish_type=g["finish_type"],
+                n_end_output=n_end,
+                n_end_route=route[len(prompt_ids) :].count(ck.think_end_id) if n_end else 0,  # type: ignore[arg-type]
+                end_in_text=ck.think_end in texts[i],
+                reasoning=reasonings[i],
+                rendered=rendered[i],
+                section=_section_span(output, len(prompt_ids), ck.section_ids),
+                first_diff=first_diff,
+                expected_rest=expected[first_diff:],
+                route_rest=core[first_diff:],
+                decode=ck.decode,
+            )
+            verdict = classify(facts)
+            lo = max(0, first_diff - EXCERPT_BEFORE)
+            exp_excerpt = ck.decode(expected[lo : first_diff + EXCERPT_AFTER])
+            route_excerpt = ck.decode(core[lo : first_diff + EXCERPT_AFTER])
+        if n_end:
+            pos = output.index(ck.think_end_id)
+            n_reasoning, n_answer = pos, len(output) - pos - 1
+        elif ck.reasoning_parser and (ck.force or (output and ck.tokenizer.convert_ids_to_tokens(output[0]) == parsers.THINK_START)):
+            n_reasoning, n_answer = len(output), 0
+        else:
+            n_reasoning, n_answer = 0, len(output)
+        verdicts.append(
+            {
+                "id": g["id"],
+                "sample_index": int(g["sample_index"]),
+                "verdict": verdict,
+                "first_diff": first_diff,
+                "excerpt_expected": exp_excerpt,
+                "excerpt_route": route_excerpt,
+                "n_reasoning_tokens": n_reasoning,
+                "n_answer_tokens": n_answer,
+                "has_tools": bool(tools_list[i]),
+                "finish_type": g["finish_type"],
+            }
+        )
+    return verdicts
+
+
+def counts(verdict_rows: list[dict]) -> dict:
+    """Rows per verdict, every class listed (zeros included), plus the total."""
+    c = Counter(r["verdict"] for r in verdict_rows)
+    out = {v: c.get(v, 0) for v in VERDICTS}
+    out["total"] = len(verdict_rows)
+    return out

@@ -1,0 +1,184 @@
+"""Only what changed runs again: each edit a user makes, and the requests it costs.
+
+One working directory goes through the edits in order; the local engine's record counts what each
+run sent.
+"""
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+from workdir import ROOT, Workdir
+
+pytestmark = pytest.mark.slow
+
+CATEGORIES = ("alpha", "beta", "gamma")
+
+
+def prompts(prefix, n, start=0):
+    return [{"id": f"{prefix}-{i:03d}", "messages": [{"role": "user", "content": f"{prefix} question {i}: how do {i} and {i + 2} compare?"}]} for i in range(start, start + n)]
+
+
+class Counter:
+    """Requests the engine served since the last call, per category."""
+
+    def __init__(self, wd):
+        self.wd = wd
+        self.seen = {}
+
+    def new(self) -> dict[str, list[str]]:
+        out = {}
+        for path in sorted(self.wd.record_dir.glob("*.jsonl")):
+            lines = path.read_text().splitlines()
+            category = path.stem
+            start = self.seen.get(category, 0)
+            if len(lines) > start:
+                out[category] = [json.loads(line)["rid"].rsplit(".", 2)[0] for line in lines[start:]]
+            self.seen[category] = len(lines)
+        return out
+
+
+def snapshot(wd, categories):
+    return {c: ((wd.path / "results" / "generations" / f"{c}.parquet").read_bytes(), (wd.path / "results" / "dataset" / f"{c}.jsonl").read_bytes()) for c in categories}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, qwen3_tokenizer_dir):
+    path = tmp_path_factory.mktemp("reruns")
+    wd = Workdir(path, tokenizer=qwen3_tokenizer_dir, model_dir=None, backend="scripted", categories={c: prompts(c, 6) for c in CATEGORIES})
+    wd.config["model"].update(prompt_suffix=[], prompt_only_tokens=[], chat_template_kwargs={})
+    wd.write_config()
+    counter = Counter(wd)
+    started = time.monotonic()
+    wd.snakemake("--cores", "2")
+    first = counter.new()
+    assert {c: len(r) for c, r in first.items()} == {c: 6 for c in CATEGORIES}
+    wd.timings = {"first run": time.monotonic() - started}
+    return wd, counter
+
+
+def test_a_run_with_nothing_changed_does_nothing(run):
+    wd, counter = run
+    started = time.monotonic()
+    proc = wd.snakemake("--cores", "2")
+    wd.timings["no-change rerun"] = time.monotonic() - started
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+    assert counter.new() == {}
+
+
+def test_edit_one_prompt_sends_one_request(run):
+    wd, counter = run
+    before = snapshot(wd, ("beta", "gamma"))
+    rows = prompts("alpha", 6)
+    rows[2]["messages"][0]["content"] += " Please be brief."
+    wd.write_prompts("alpha", rows)
+    wd.snakemake("--cores", "2")
+    assert counter.new() == {"alpha": ["alpha-002.0"]}
+    assert snapshot(wd, ("beta", "gamma")) == before
+    assert len(wd.jsonl("results/dataset/alpha.jsonl")) == 6
+
+
+def test_add_five_prompts_sends_five_requests(run):
+    wd, counter = run
+    wd.write_prompts("beta", prompts("beta", 11))
+    wd.snakemake("--cores", "2")
+    new = counter.new()
+    assert list(new) == ["beta"] and sorted(new["beta"]) == [f"beta-{i:03d}.0" for i in range(6, 11)]
+
+
+def test_touching_every_prompt_file_sends_nothing(run):
+    wd, counter = run
+    for c in CATEGORIES:
+        os.utime(wd.path / "config" / "prompts" / f"{c}.jsonl")
+    wd.snakemake("--cores", "2")
+    assert counter.new() == {}
+
+
+def test_editing_a_plot_or_check_script_reruns_only_what_depends_on_it(run):
+    wd, counter = run
+    generations = {c: (wd.path / "results" / "generations" / f"{c}.parquet").stat().st_mtime_ns for c in CATEGORIES}
+    summary = (wd.path / "results" / "summary.tsv").stat().st_mtime_ns
+    checked = (wd.path / "results" / "checks" / "alpha.sequences.json").stat().st_mtime_ns
+    for script in ("summarize.py", "check_sequences.py"):
+        os.utime(ROOT / "scripts" / script)  # Snakemake tracks scripts by modification time
+    wd.snakemake("--cores", "2")
+    assert counter.new() == {}
+    assert {c: (wd.path / "results" / "generations" / f"{c}.parquet").stat().st_mtime_ns for c in CATEGORIES} == generations
+    assert (wd.path / "results" / "summary.tsv").stat().st_mtime_ns > summary
+    assert (wd.path / "results" / "checks" / "alpha.sequences.json").stat().st_mtime_ns > checked
+
+
+def test_changing_one_categorys_temperature_regenerates_only_it(run):
+    wd, counter = run
+    sheet = wd.path / "config" / "categories.tsv"
+    sheet.write_text(sheet.read_text().replace("category\tprompts\n", "category\tprompts\ttemperature\n").replace("gamma.jsonl\n", "gamma.jsonl\t0.3\n").replace(".jsonl\n", ".jsonl\t\n"))
+    before = snapshot(wd, ("alpha", "beta"))
+    wd.snakemake("--cores", "2")
+    new = counter.new()
+    assert list(new) == ["gamma"] and sorted(new["gamma"]) == [f"gamma-{i:03d}.0" for i in range(6)]
+    assert snapshot(wd, ("alpha", "beta")) == before
+
+
+def test_a_new_category_sends_only_its_prompts(run):
+    wd, counter = run
+    wd.write_prompts("delta", prompts("delta", 4))
+    sheet = wd.path / "config" / "categories.tsv"
+    sheet.write_text(sheet.read_text() + "delta\tconfig/prompts/delta.jsonl\t\n")
+    wd.snakemake("--cores", "2")
+    new = counter.new()
+    assert list(new) == ["delta"] and len(new["delta"]) == 4
+
+
+def test_editing_the_generate_script_sends_nothing(run):
+    wd, counter = run
+    mtime = (wd.path / "results" / "generations" / "alpha.parquet").stat().st_mtime_ns
+    os.utime(ROOT / "scripts" / "generate.py")
+    wd.snakemake("--cores", "2")
+    assert (wd.path / "results" / "generations" / "alpha.parquet").stat().st_mtime_ns > mtime  # the job ran ...
+    assert counter.new() == {}  # ... and sent nothing: every row came from the cache
+
+
+def test_removing_results_throws_no_generation_away(run):
+    wd, counter = run
+    shutil.rmtree(wd.path / "results")
+    wd.snakemake("--cores", "2")
+    assert counter.new() == {}
+    assert len(wd.jsonl("results/dataset/beta.jsonl")) == 11
+
+
+def test_a_torn_cache_file_is_recovered_without_losing_other_entries(run):
+    wd, counter = run
+    journal = wd.path / "cache" / "journal" / "alpha.jsonl"
+    with open(journal, "ab") as fh:
+        fh.write(b'{"id": "alpha-001", "sample_index": 0, "status": "ok", "output_ids": [1, 2')
+    wd.snakemake("--cores", "2", "--forcerun", "generate")
+    assert counter.new() == {}
+    assert journal.read_bytes().endswith(b"\n")
+    assert "torn tail" in (wd.path / "logs" / "generate" / "alpha.log").read_text()
+
+
+def test_the_preview_tells_the_cost_before_any_request(run):
+    wd, counter = run
+    rows = prompts("alpha", 8)
+    wd.write_prompts("alpha", rows)
+    wd.snakemake("--cores", "1", "results/plan.tsv")
+    assert counter.new() == {}  # previewing sends nothing
+    preview = {line.split("\t")[0]: line.split("\t") for line in (wd.path / "results" / "plan.tsv").read_text().splitlines()}
+    header = preview.pop("category")
+    alpha = dict(zip(header, preview["alpha"]))
+    # Two new rows; the edit of alpha-002 is undone, and its original answer is still in the cache.
+    assert (int(alpha["to_send"]), int(alpha["reused"])) == (2, 6)
+    wd.snakemake("--cores", "2")
+    assert sorted(counter.new()["alpha"]) == ["alpha-006.0", "alpha-007.0"]
+
+
+def test_changing_the_model_fingerprint_regenerates_everything(run):
+    wd, counter = run
+    wd.config["model"]["name"] = "another-model"
+    wd.write_config()
+    wd.snakemake("--cores", "2")
+    new = counter.new()
+    assert {c: len(v) for c, v in new.items()} == {"alpha": 8, "beta": 11, "gamma": 6, "delta": 4}
+    print("timings:", wd.timings)
