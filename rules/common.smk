@@ -8,6 +8,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
 from eagle3_datagen import workflow as wf
 
 validate(config, "../schemas/config.schema.yaml")
+wf.check_engine(config["engine"])
 
 sheet = wf.load_sheet(config["categories"])
 validate(sheet, "../schemas/categories.schema.yaml")
@@ -50,3 +51,19 @@ def get_generate_params(wildcards):
 def get_generate_gpus(wildcards, input):
     """GPUs of a generate job: none when its plan has nothing to send."""
     return wf.generate_gpus(config["engine"], input.plan)
+
+
+def get_generate_job(wildcards):
+    return wf.generate_job(config["engine"])
+
+
+def get_generate_cpus(wildcards):
+    return get_generate_job(wildcards)["cpus"]
+
+
+def get_generate_mem_mb(wildcards):
+    return get_generate_job(wildcards)["mem_mb"]
+
+
+def get_generate_runtime(wildcards):
+    return get_generate_job(wildcards)["runtime"]

@@ -44,8 +44,11 @@ rule generate:
         "benchmarks/generate/{category}.tsv"
     conda:
         "../envs/engine.yaml"
+    threads: get_generate_cpus
     resources:
         gpu=get_generate_gpus,
+        mem_mb=get_generate_mem_mb,
+        runtime=get_generate_runtime,
     params:
         cfg=get_generate_params,
     script:

@@ -33,6 +33,10 @@ class RetryableError(Exception):
     """A transient request error: the row is sent again after a backoff."""
 
 
+class ServerDied(RuntimeError):
+    """The server this job launched is gone: no retry can succeed."""
+
+
 @dataclass
 class Request:
     """What the client sends for one (id, sample_index) row."""
@@ -173,6 +177,7 @@ class GenerateClient:
         headers: dict | None = None,
         label: str = "generate",
         rng: random.Random | None = None,
+        alive=None,
     ):
         if not urls:
             raise ValueError("no server URL to send requests to")
@@ -182,6 +187,8 @@ class GenerateClient:
         self.headers = headers or {}
         self.label = label
         self.rng = rng or random.Random()
+        # For a server this job launched: a callable telling whether its process still runs.
+        self.alive = alive
         self.run_nonce = secrets.token_hex(4)
         self._next_url = 0
         self.in_flight = 0
@@ -236,6 +243,8 @@ class GenerateClient:
                 return {"status": "failed", "error": str(exc), "attempts": attempt}
             except RetryableError as exc:
                 last_error = str(exc)
+                if self.alive is not None and not self.alive():
+                    raise ServerDied(f"the server died during the run (last error: {exc})") from None
                 if attempt > self.settings.max_retries:
                     break
                 if progress is not None:

@@ -4,14 +4,17 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
+import re
 import signal
+import socket
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .client import GenerateClient, Request, RequestTemplate, check_server_info, fetch_json
+from .client import GenerateClient, Request, RequestTemplate, ServerDied, check_server_info, fetch_json
 from .journal import Journal
-from .lifecycle import ManagedServer, free_port, local_engine_command
+from .lifecycle import ManagedServer, free_port, local_engine_command, sglang_command
 from .settings import ClientSettings, ModelProfile
 from .templating import token_ids, tokenizer_fingerprint
 
@@ -171,33 +174,75 @@ def terminate_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
+def api_key(engine: dict) -> str | None:
+    """The server's API key, from the environment variable the config names (never from the config)."""
+    name = engine.get("api_key_env")
+    if not name:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise RuntimeError(f"engine.api_key_env names {name}, but that environment variable is not set")
+    return key
+
+
+@dataclass
+class Servers:
+    urls: list[str]
+    managed: ManagedServer | None = None
+
+    def alive(self) -> bool:
+        return self.managed is None or self.managed.alive()
+
+
 @contextmanager
-def server_urls(engine: dict, *, profile: ModelProfile, log_path: Path, category: str):
-    """URLs to send requests to: a launched server for `local`, the configured ones for `external`."""
+def servers(engine: dict, *, profile: ModelProfile, log_path: Path, category: str, key: str | None):
+    """Where to send requests: a server this job launches (`sglang`, `local`), or running ones (`external`)."""
     kind = engine["kind"]
     if kind == "external":
-        yield list(engine["external"]["urls"])
+        yield Servers(list(engine["external"]["urls"]))
         return
-    if kind != "local":
-        raise NotImplementedError(f"engine.kind {kind!r} is not available in this version")
-    record_dir = engine["local"].get("record_dir")
-    # The engine's own record of what it served: tests compare exported data against it.
-    record = str(Path(record_dir) / f"{category}.jsonl") if record_dir else None
     port = free_port()
-    cmd = local_engine_command(engine, port=port, context_length=profile.context_length, tokenizer=profile.tokenizer, record=record)
+    if kind == "sglang":
+        cmd = sglang_command(engine, port=port, context_length=profile.context_length, api_key=key)
+    else:
+        record_dir = engine["local"].get("record_dir")
+        # The engine's own record of what it served: tests compare exported data against it.
+        record = str(Path(record_dir) / f"{category}.jsonl") if record_dir else None
+        cmd = local_engine_command(engine, port=port, context_length=profile.context_length, tokenizer=profile.tokenizer, record=record)
     server = ManagedServer(cmd, port=port, log_path=log_path, startup_timeout_s=float(engine.get("startup_timeout_s", 600)))
     with server as url:
-        yield [url]
+        yield Servers([url], server)
 
 
-async def _server_provenance(urls: list[str], profile: ModelProfile) -> dict:
+SECRET_KEYS = re.compile(r"api_key|token|secret|password", re.IGNORECASE)
+
+
+def without_secrets(obj):
+    """A copy of a server's answer fit for provenance: values of secret-looking keys hidden."""
+    if isinstance(obj, dict):
+        return {k: ("***" if SECRET_KEYS.search(str(k)) and v else without_secrets(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [without_secrets(v) for v in obj]
+    return obj
+
+
+def job_facts() -> dict:
+    """Where the job ran: the cluster's job id and the GPUs it was given, for provenance."""
+    return {
+        "host": socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+async def _server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
     infos = {}
     for url in urls:
-        server_info = await fetch_json(f"{url}/get_server_info")
+        server_info = await fetch_json(f"{url}/get_server_info", headers=headers)
         for warning in check_server_info(server_info, context_length=profile.context_length, url=url):
             log.warning(warning)
-        model_info = await fetch_json(f"{url}/get_model_info")
-        infos[url] = {"server_info": server_info, "model_info": model_info}
+        model_info = await fetch_json(f"{url}/get_model_info", headers=headers)
+        infos[url] = {"server_info": without_secrets(server_info), "model_info": without_secrets(model_info)}
     return infos
 
 
@@ -216,17 +261,25 @@ def generate_category(
 ) -> tuple[list[dict], dict]:
     """Generate every usable row of a category; returns (generations rows, provenance)."""
     template = make_template(tokenizer, profile, sampling, engine)
-    provenance = {"model_fingerprint": template.model_fingerprint, "stop_token_ids": template.stop_token_ids}
+    provenance = {"model_fingerprint": template.model_fingerprint, "stop_token_ids": template.stop_token_ids, "job": job_facts()}
     with Journal(journal_path) as journal, terminate_on_sigterm():
         todo = plan(prompt_rows, template, journal)
         log.info("%s plan: %s", category, todo.summary())
         provenance["plan"] = todo.summary()
         results = dict(todo.reused)
         if todo.to_send:
-            with server_urls(engine, profile=profile, log_path=server_log, category=category) as urls:
-                provenance["servers"] = asyncio.run(_server_provenance(urls, profile))
-                client = GenerateClient(urls, template, client_settings, label=category)
-                results.update(asyncio.run(client.run(todo.to_send, journal)))
+            key = api_key(engine)
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            with servers(engine, profile=profile, log_path=server_log, category=category, key=key) as srv:
+                provenance["servers"] = asyncio.run(_server_provenance(srv.urls, profile, headers))
+                client = GenerateClient(srv.urls, template, client_settings, label=category, headers=headers, alive=srv.alive)
+                try:
+                    results.update(asyncio.run(client.run(todo.to_send, journal)))
+                except ServerDied as exc:
+                    raise ServerDied(
+                        f"{category}: {exc}; its log is {server_log}. The journal {journal_path} keeps "
+                        "every finished row: rerun to resume."
+                    ) from None
                 provenance["client"] = {
                     "run_nonce": client.run_nonce,
                     "requests_per_s": round(client.requests_per_s, 3),

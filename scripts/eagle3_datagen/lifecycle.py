@@ -38,6 +38,69 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text[-lines:])
 
 
+# Launch flags that would change or cut the data: parsers rewrite tokens on the chat layer (and a
+# server for this pipeline needs none), auto-truncation silently cuts prompts, and without the
+# tokenizer the server cannot check what it is given.
+REFUSED_SGLANG_FLAGS = ("--reasoning-parser", "--tool-call-parser", "--allow-auto-truncate", "--skip-tokenizer-init")
+SECRET_FLAGS = ("--api-key",)
+
+
+def refused_flags(args: list[str]) -> list[str]:
+    return [a for a in args if a.split("=", 1)[0] in REFUSED_SGLANG_FLAGS]
+
+
+def sglang_command(engine: dict, *, port: int, context_length: int, api_key: str | None = None) -> list[str]:
+    """`python -m sglang.launch_server ...` from the config, bound to localhost on `port`."""
+    sglang = engine["sglang"]
+    extra = [str(a) for a in sglang.get("extra_args") or []]
+    bad = refused_flags(extra)
+    if bad:
+        raise ValueError(f"engine.sglang.extra_args: {', '.join(bad)} would reshape or cut the generated data; remove it")
+    cmd = [
+        sglang.get("python", "python"),
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(sglang["model_path"]),
+        "--tp-size",
+        str(sglang.get("tp_size", 1)),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--context-length",
+        str(context_length),
+    ]
+    if sglang.get("trust_remote_code"):
+        cmd.append("--trust-remote-code")
+    if sglang.get("mem_fraction_static") is not None:
+        cmd += ["--mem-fraction-static", str(sglang["mem_fraction_static"])]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    return cmd + extra
+
+
+def redacted(cmd: list[str]) -> str:
+    """A command line fit for a log: the values of secret flags hidden."""
+    out = []
+    hide = False
+    for arg in cmd:
+        if hide:
+            out.append("***")
+            hide = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in SECRET_FLAGS:
+            if "=" in arg:
+                out.append(f"{name}=***")
+            else:
+                out.append(arg)
+                hide = True
+            continue
+        out.append(arg)
+    return " ".join(out)
+
+
 def local_engine_command(engine: dict, *, port: int, context_length: int, tokenizer: str, record: str | None) -> list[str]:
     """The command line of the CPU stand-in engine (python -m eagle3_datagen.engine)."""
     local = engine["local"]
@@ -62,9 +125,12 @@ def local_engine_command(engine: dict, *, port: int, context_length: int, tokeni
     ]
     if record:
         cmd += ["--record", str(record)]
-    for flag, key in (("--latency-ms", "latency_ms"), ("--error-rate", "error_rate"), ("--reset-rate", "reset_rate"), ("--hang-rate", "hang_rate"), ("--fail-rids", "fail_rids"), ("--seed", "seed")):
+    for flag, key in (("--latency-ms", "latency_ms"), ("--error-rate", "error_rate"), ("--reset-rate", "reset_rate"), ("--hang-rate", "hang_rate"), ("--fail-rids", "fail_rids"), ("--seed", "seed"), ("--die-after", "die_after")):
         if local.get(key) not in (None, ""):
             cmd += [flag, str(local[key])]
+    for flag, key in (("--fail-startup", "fail_startup"), ("--never-healthy", "never_healthy")):
+        if local.get(key):
+            cmd.append(flag)
     return cmd
 
 
@@ -86,8 +152,11 @@ class ManagedServer:
         src = str(Path(__file__).resolve().parents[1])
         env = dict(os.environ if self.env is None else self.env)
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        log.info("starting server: %s (log: %s)", " ".join(self.cmd), self.log_path)
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        log.info("starting server: %s (log: %s)", redacted(self.cmd), self.log_path)
+        # The watchdog runs the server in a process group of its own and takes the whole group down
+        # when this process dies, even by SIGKILL: no server outlives its job.
+        watched = [sys.executable, "-m", "eagle3_datagen.watchdog", "--parent", str(os.getpid()), "--"] + self.cmd
+        self.proc = subprocess.Popen(watched, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         self._wait_healthy()
         return self.url
 

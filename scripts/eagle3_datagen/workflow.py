@@ -86,13 +86,33 @@ def cli_context(description: str, extra=None):
 
 
 def generate_gpus(engine: dict, plan_file: str | Path) -> int:
-    """GPUs a generate job asks for: the launched server's, and none when nothing is left to send.
-
-    Only an engine that launches a GPU server needs any; the local CPU engine and external servers
-    need none.
-    """
+    """GPUs a generate job asks for: the launched server's, and none when nothing is left to send."""
     import json
 
     if json.loads(Path(plan_file).read_text())["to_send"] == 0:
         return 0
-    return int(engine.get("sglang", {}).get("tp_size", 1)) if engine["kind"] == "sglang" else 0
+    if engine["kind"] == "sglang":
+        return int(engine["sglang"].get("tp_size", 1))
+    if engine["kind"] == "local":
+        return int(engine["local"].get("gpus", 0))
+    return 0
+
+
+def generate_job(engine: dict) -> dict:
+    """CPUs, memory and wall time of a generate job (defaults of schemas/config.schema.yaml)."""
+    job = engine.get("job") or {}
+    return {"cpus": int(job.get("cpus", 4)), "mem_mb": int(job.get("mem_mb", 16000)), "runtime": int(job.get("runtime", 1440))}
+
+
+def check_engine(engine: dict) -> None:
+    """Refuse, before any job runs, an engine configuration that would corrupt data."""
+    from .lifecycle import refused_flags
+
+    if engine["kind"] == "sglang":
+        if "sglang" not in engine:
+            raise ValueError("engine.kind is sglang but engine.sglang (model_path, tp_size, ...) is missing")
+        bad = refused_flags([str(a) for a in engine["sglang"].get("extra_args") or []])
+        if bad:
+            raise ValueError(f"engine.sglang.extra_args: {', '.join(bad)} would reshape or cut the generated data; remove it")
+    if engine["kind"] == "external" and not (engine.get("external") or {}).get("urls"):
+        raise ValueError("engine.kind is external but engine.external.urls is empty")

@@ -47,9 +47,7 @@ def snapshot(wd, categories):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, qwen3_tokenizer_dir):
     path = tmp_path_factory.mktemp("reruns")
-    wd = Workdir(path, tokenizer=qwen3_tokenizer_dir, model_dir=None, backend="scripted", categories={c: prompts(c, 6) for c in CATEGORIES})
-    wd.config["model"].update(prompt_suffix=[], prompt_only_tokens=[], chat_template_kwargs={})
-    wd.write_config()
+    wd = Workdir(path, tokenizer=qwen3_tokenizer_dir, model_dir=None, backend="scripted", categories={c: prompts(c, 6) for c in CATEGORIES}, plain_qwen3=True)
     counter = Counter(wd)
     started = time.monotonic()
     wd.snakemake("--cores", "2")

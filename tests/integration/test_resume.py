@@ -43,9 +43,7 @@ def journal_keys(wd, category, status="ok"):
 @pytest.fixture
 def scripted(tmp_path, qwen3_tokenizer_dir):
     def make(categories, local=None, **overrides):
-        wd = Workdir(tmp_path, tokenizer=qwen3_tokenizer_dir, model_dir=None, backend="scripted", categories=categories, **overrides)
-        # The plain Qwen3 template: no <think> suffix, and <think> may be generated.
-        wd.config["model"].update(prompt_suffix=[], prompt_only_tokens=[], stop_tokens=["<|im_end|>"], chat_template_kwargs={}, reasoning_parser="qwen3", tool_call_parser="qwen25")
+        wd = Workdir(tmp_path, tokenizer=qwen3_tokenizer_dir, model_dir=None, backend="scripted", categories=categories, **overrides, plain_qwen3=True)
         wd.config["engine"]["local"].update(local or {})
         wd.write_config()
         return wd

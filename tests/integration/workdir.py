@@ -20,7 +20,7 @@ def demo_rows(category: str, n: int, start: int = 0) -> list[dict]:
 class Workdir:
     """config/config.yaml, config/categories.tsv and prompt files in a temporary directory."""
 
-    def __init__(self, path: Path, *, tokenizer: Path, model_dir: Path | None, backend: str, categories: dict[str, list], **overrides):
+    def __init__(self, path: Path, *, tokenizer: Path, model_dir: Path | None, backend: str, categories: dict[str, list], plain_qwen3: bool = False, **overrides):
         self.path = path
         self.record_dir = path / "engine_record"
         prompts = path / "config" / "prompts"
@@ -33,6 +33,9 @@ class Workdir:
         with open(ROOT / "config" / "config.yaml") as fh:
             config = yaml.safe_load(fh)
         config["model"]["tokenizer"] = str(tokenizer)
+        if plain_qwen3:
+            # Qwen3's own template: no <think> in the prompt (the model may generate it), Qwen parsers.
+            config["model"].update(prompt_suffix=[], prompt_only_tokens=[], chat_template_kwargs={}, reasoning_parser="qwen3", tool_call_parser="qwen25")
         config["engine"]["local"] = {"backend": backend, "model_dir": str(model_dir or tokenizer), "record_dir": str(self.record_dir), "max_batch": 16}
         config["engine"]["startup_timeout_s"] = 120
         config["client"]["progress_interval_s"] = 1

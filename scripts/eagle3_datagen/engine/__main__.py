@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token-delay-ms", type=float, default=0.0, help="pace of the scripted backend per token"
     )
+    p.add_argument("--fail-startup", action="store_true", help="tests: exit with code 3 during start-up")
+    p.add_argument("--never-healthy", action="store_true", help="tests: /health never answers 200")
+    p.add_argument("--die-after", type=int, help="tests: exit abruptly after serving this many requests")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -65,6 +68,9 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
     from eagle3_datagen.engine.backends import ModelBackend, ScriptedBackend
     from eagle3_datagen.engine.server import ENGINE_KEY, Faults, create_app
 
+    if args.fail_startup:
+        log.error("failing start-up on purpose (--fail-startup)")
+        return 3
     tokenizer_dir = args.tokenizer_dir or args.model_dir
     if args.backend == "model":
         backend = ModelBackend(
@@ -93,6 +99,8 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
         record_path=args.record,
         faults=faults,
     )
+    app[ENGINE_KEY].never_healthy = args.never_healthy
+    app[ENGINE_KEY].die_after = args.die_after
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)

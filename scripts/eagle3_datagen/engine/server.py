@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import random
 import re
 import time
@@ -146,6 +147,10 @@ class EngineServer:
         self.load_error: Optional[BaseException] = None
         self._start_task: Optional[asyncio.Task] = None
         self._background: set = set()
+        # Test modes of the CLI: a server that never becomes healthy, one that dies mid-run.
+        self.never_healthy = False
+        self.die_after: Optional[int] = None
+        self.served = 0
 
     # -- lifecycle
     async def on_startup(self, app: web.Application) -> None:
@@ -211,6 +216,12 @@ class EngineServer:
             error=None,
             fault=None,
         )
+        if status == 200:
+            self.served += 1
+            if self.die_after is not None and self.served >= self.die_after:
+                log.error("dying on purpose after %d requests (--die-after)", self.served)
+                self.recorder.close()
+                os._exit(5)
 
     # -- /generate
     def _tokenize(self, text: str) -> List[int]:
@@ -374,7 +385,7 @@ class EngineServer:
 
     # -- other routes
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.ready else 503)
+        return web.Response(status=200 if self.ready and not self.never_healthy else 503)
 
     def server_info_dict(self) -> Dict[str, Any]:
         return {

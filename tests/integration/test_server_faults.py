@@ -1,0 +1,72 @@
+"""A server that fails to start, never becomes healthy, or dies mid-run fails its job clearly, within
+the timeout, naming the server log, and leaves the journal to resume from."""
+
+import json
+import time
+
+import pytest
+from workdir import Workdir
+
+pytestmark = pytest.mark.slow
+
+
+def prompts(n):
+    return [{"id": f"s-{i:03d}", "messages": [{"role": "user", "content": f"Tell me about the number {i}."}]} for i in range(n)]
+
+
+@pytest.fixture
+def workdir(tmp_path, qwen3_tokenizer_dir):
+    def make(n=8, **local):
+        wd = Workdir(tmp_path, tokenizer=qwen3_tokenizer_dir, model_dir=None, backend="scripted", categories={"srv": prompts(n)}, plain_qwen3=True)
+        wd.config["engine"]["local"].update(local)
+        wd.config["engine"]["startup_timeout_s"] = 8
+        wd.config["client"].update(concurrency=2, max_retries=3, backoff_initial_s=0.2, backoff_max_s=0.5)
+        wd.write_config()
+        return wd
+
+    return make
+
+
+def failure_text(wd, proc):
+    return proc.stdout + proc.stderr + (wd.path / "logs" / "generate" / "srv.log").read_text()
+
+
+def test_a_server_that_exits_during_startup(workdir):
+    wd = workdir(fail_startup=True)
+    started = time.monotonic()
+    proc = wd.snakemake("--cores", "1", "results/generations/srv.parquet", check=False)
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 60
+    text = failure_text(wd, proc)
+    assert "exited with code 3 during start-up" in text
+    assert "logs/generate/srv.server.log" in text
+    assert "failing start-up on purpose" in (wd.path / "logs" / "generate" / "srv.server.log").read_text()
+
+
+def test_a_server_that_never_becomes_healthy(workdir):
+    wd = workdir(never_healthy=True)
+    started = time.monotonic()
+    proc = wd.snakemake("--cores", "1", "results/generations/srv.parquet", check=False)
+    assert proc.returncode != 0
+    assert time.monotonic() - started < 60
+    text = failure_text(wd, proc)
+    assert "did not become healthy within 8 s" in text and "logs/generate/srv.server.log" in text
+
+
+def test_a_server_that_dies_mid_run_leaves_a_journal_to_resume_from(workdir):
+    wd = workdir(n=20, die_after=6, latency_ms="20:60")
+    proc = wd.snakemake("--cores", "1", "results/generations/srv.parquet", check=False)
+    assert proc.returncode != 0
+    text = failure_text(wd, proc)
+    assert "the server died during the run" in text and "logs/generate/srv.server.log" in text
+    journal = [json.loads(line) for line in (wd.path / "cache" / "journal" / "srv.jsonl").read_text().splitlines()]
+    done = {e["id"] for e in journal if e["status"] == "ok"}
+    assert 1 <= len(done) <= 6
+    served_before = len(wd.engine_record("srv"))
+
+    wd.config["engine"]["local"]["die_after"] = None
+    wd.write_config()
+    wd.snakemake("--cores", "1", "results/generations/srv.parquet")
+    resent = [e["rid"].rsplit(".", 3)[0] for e in wd.engine_record("srv")[served_before:]]
+    assert not set(resent) & done
+    assert len(resent) == 20 - len(done)
