@@ -49,10 +49,13 @@ class Workdir:
         (self.path / "config" / "config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
 
     def write_prompts(self, name: str, rows: list) -> None:
-        with open(self.path / "config" / "prompts" / f"{name}.jsonl", "w", encoding="utf-8") as fh:
+        """One line per row: a dict as JSON, a str or bytes as it is (for malformed lines)."""
+        with open(self.path / "config" / "prompts" / f"{name}.jsonl", "wb") as fh:
             for row in rows:
-                fh.write(row if isinstance(row, str) else json.dumps(row, ensure_ascii=False))
-                fh.write("\n")
+                if isinstance(row, dict):
+                    row = json.dumps(row, ensure_ascii=False)
+                fh.write(row if isinstance(row, bytes) else row.encode("utf-8"))
+                fh.write(b"\n")
 
     def snakemake(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")

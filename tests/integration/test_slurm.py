@@ -1,0 +1,156 @@
+"""The workflow on a real SLURM cluster: a single node on localhost with fake GPUs.
+
+tests/slurm/start_slurm.sh starts munged, slurmctld and slurmd (Debian's packages, installed by
+tests/slurm/install_slurm.sh when missing), and the workflow runs through the test cluster profile
+tests/slurm/profile with snakemake-executor-plugin-slurm: the generate jobs are submitted with
+sbatch, ask for a GPU and get one; the other rules run on the submitting host.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from workdir import ROOT, SNAKEMAKE, Workdir
+
+pytestmark = pytest.mark.slow
+
+SLURM_DIR = ROOT / "tests" / "slurm"
+PROFILE = SLURM_DIR / "profile"
+RUN_TIMEOUT_S = 240
+CATEGORIES = {"alpha": 6, "beta": 5}
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    """A running single-node cluster (8 CPUs, 2 GPUs) for the module; always stopped afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("starting SLURM's daemons needs root")
+    if shutil.which("sinfo") is None:
+        subprocess.run(["bash", str(SLURM_DIR / "install_slurm.sh")], check=True, stdout=subprocess.DEVNULL)
+    state = tmp_path_factory.mktemp("slurm")
+    env = dict(os.environ, FAKE_CPUS="8", FAKE_GPUS="2")
+    saved = {key: os.environ.get(key) for key in ("SLURM_CONF",)}
+    try:
+        proc = subprocess.run(["bash", str(SLURM_DIR / "start_slurm.sh"), str(state)], capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 0, f"start_slurm.sh failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+        exported = dict(re.findall(r"^export (\w+)=(.*)$", proc.stdout, re.MULTILINE))
+        assert "SLURM_CONF" in exported, proc.stdout
+        os.environ.update(exported)
+        yield state
+    finally:
+        subprocess.run(["bash", str(SLURM_DIR / "stop_slurm.sh"), str(state)], timeout=120)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def prompts(category, n):
+    return [{"id": f"{category}-{i:03d}", "messages": [{"role": "user", "content": f"{category} question {i}: what is {i} plus {i + 2}?"}]} for i in range(n)]
+
+
+def squeue(job_ids):
+    """{job id: (state, job name, GPUs asked for)} of finished and running jobs (squeue --states=all)."""
+    fmt = "JobID:|,State:|,Name:|,tres-per-job:"
+    out = subprocess.run(["squeue", "--states=all", "--noheader", "--jobs", ",".join(job_ids), "-O", fmt], capture_output=True, text=True, check=True).stdout
+    jobs = {}
+    for line in out.splitlines():
+        job_id, state, name, tres = (field.strip() for field in line.split("|"))
+        jobs[job_id] = (state, name, tres)
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm_cluster, tmp_path_factory, qwen3_tokenizer_dir):
+    """The workflow run once through the test cluster profile: (workdir, snakemake process, seconds)."""
+    wd = Workdir(
+        tmp_path_factory.mktemp("slurm_run"),
+        tokenizer=qwen3_tokenizer_dir,
+        model_dir=None,
+        backend="scripted",
+        categories={name: prompts(name, n) for name, n in CATEGORIES.items()},
+    )
+    # The plain Qwen3 template: no <think> suffix, and <think> may be generated.
+    wd.config["model"].update(prompt_suffix=[], prompt_only_tokens=[], stop_tokens=["<|im_end|>"], chat_template_kwargs={}, reasoning_parser="qwen3", tool_call_parser="qwen25")
+    # One GPU per generate job, so that SLURM's GPU allocation is exercised; small CPU and memory.
+    wd.config["engine"]["local"]["gpus"] = 1
+    wd.config["engine"]["job"] = {"cpus": 1, "mem_mb": 1000, "runtime": 10}
+    wd.write_config()
+    # SIGINT, not timeout's SIGTERM: on SIGINT Snakemake cancels its SLURM jobs and exits.
+    cmd = ["timeout", "-s", "INT", "-k", "30", str(RUN_TIMEOUT_S), *SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(wd.path), "--profile", str(PROFILE)]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    elapsed = time.monotonic() - start
+    print(f"workflow through SLURM: {elapsed:.1f} s")
+    assert proc.returncode == 0, f"snakemake --profile {PROFILE} failed ({proc.returncode}) after {elapsed:.0f} s:\n{proc.stdout[-4000:]}\n{proc.stderr[-10000:]}"
+    return wd, proc, elapsed
+
+
+def generate_job_logs(wd):
+    logs = sorted((wd.path / ".snakemake" / "slurm_logs" / "rule_generate").rglob("*.log"))
+    return {log.stem: log for log in logs}
+
+
+def test_generate_jobs_run_as_slurm_jobs_with_a_gpu(slurm_run):
+    from eagle3_datagen.tables import read_provenance
+
+    wd, proc, _ = slurm_run
+    logs = generate_job_logs(wd)
+    assert len(logs) == len(CATEGORIES), f"SLURM logs of generate: {sorted(map(str, logs.values()))}"
+    assert all(job_id.isdigit() for job_id in logs)
+    # The plugin writes rule_generate/<category>/<SLURM job id>.log.
+    assert sorted(log.parent.name for log in logs.values()) == sorted(CATEGORIES)
+
+    # Only generate went to the cluster; every other rule ran on the submitting host.
+    slurm_logs = wd.path / ".snakemake" / "slurm_logs"
+    assert {p.name for p in slurm_logs.iterdir()} == {"rule_generate"}
+
+    jobs = squeue(list(logs))
+    assert set(jobs) == set(logs), jobs
+    names = set()
+    for job_id, (state, name, tres) in jobs.items():
+        assert state == "COMPLETED", (job_id, state)
+        assert re.fullmatch(r"gres[:/]gpu:1", tres), (job_id, tres)  # sbatch --gpus=1
+        names.add(name)
+    assert len(names) == 1  # one Snakemake run: the plugin names every job after the run
+
+    seen = {}
+    for category in CATEGORIES:
+        facts = read_provenance(wd.path / "results" / "generations" / f"{category}.parquet")["job"]
+        assert facts["slurm_job_id"] in logs, (category, facts, sorted(logs))
+        # SLURM gave the job one of the node's two fake GPUs.
+        assert facts["cuda_visible_devices"] in {"0", "1"}, (category, facts)
+        assert facts["host"]
+        assert logs[facts["slurm_job_id"]].parent.name == category
+        seen[category] = facts["slurm_job_id"]
+        # The job's SLURM log holds the inner Snakemake's run of this category's generate.
+        assert f"results/generations/{category}.parquet" in logs[facts["slurm_job_id"]].read_text()
+    assert len(set(seen.values())) == len(CATEGORIES)
+
+
+def test_outputs_hold_every_row(slurm_run):
+    wd, _, _ = slurm_run
+    merged = wd.jsonl("results/dataset/train.jsonl")
+    for category, n in CATEGORIES.items():
+        rows = wd.jsonl(f"results/dataset/{category}.jsonl")
+        assert sorted((r["id"], r["sample_index"]) for r in rows) == [(f"{category}-{i:03d}", 0) for i in range(n)]
+        assert all(r["category"] == category for r in rows)
+        assert all(len(r["input_ids"]) == len(r["loss_mask"]) == r["n_prompt_tokens"] + r["n_output_tokens"] for r in rows)
+        assert all(sum(r["loss_mask"]) == r["n_output_tokens"] > 0 for r in rows)
+        assert wd.jsonl(f"results/dataset/{category}.rejected.jsonl") == []
+        assert (wd.path / "results" / "checks" / f"{category}.json").exists()
+    assert len(merged) == sum(CATEGORIES.values())
+    assert (wd.path / "results" / "summary.tsv").exists()
+
+
+def test_a_second_run_through_the_profile_has_nothing_to_do(slurm_run):
+    wd, _, _ = slurm_run
+    before = set(generate_job_logs(wd))
+    proc = wd.snakemake("--profile", str(PROFILE), "--dry-run", timeout=120)
+    assert "Nothing to be done" in proc.stdout + proc.stderr
+    assert set(generate_job_logs(wd)) == before
