@@ -11,7 +11,11 @@ validate(config, "../schemas/config.schema.yaml")
 wf.check_engine(config["engine"])
 
 sheet = wf.load_sheet(config["categories"])
-validate(sheet, "../schemas/categories.schema.yaml")
+wf.validate_sheet(
+    sheet,
+    Path(workflow.basedir) / "schemas" / "categories.schema.yaml",
+    config["categories"],
+)
 
 CATEGORIES = list(sheet["category"])
 DEMO_MODEL = "resources/demo_model"

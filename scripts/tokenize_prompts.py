@@ -13,6 +13,10 @@ from eagle3_datagen.workflow import cli_context, setup_logging, tokenize_params
 log = logging.getLogger("tokenize_prompts")
 
 
+class BadRows(ValueError):
+    pass
+
+
 def main(prompts: Path, out: Path, *, category: str, params: dict) -> None:
     profile = ModelProfile.from_config(params["model"])
     tokenizer = load_tokenizer(profile)
@@ -29,6 +33,10 @@ def main(prompts: Path, out: Path, *, category: str, params: dict) -> None:
         samples_per_prompt=params["samples_per_prompt"],
         base_seed=params["seed"],
     )
+    skipped = [r["reason"] for r in table if r["status"] == "skipped" and r["sample_index"] == 0]
+    if skipped and params.get("on_bad_rows") == "fail":
+        listing = "\n  ".join(skipped[:50]) + (f"\n  ... and {len(skipped) - 50} more" if len(skipped) > 50 else "")
+        raise BadRows(f"{len(skipped)} of {len(rows)} rows of {prompts} cannot be used (on_bad_rows: fail):\n  {listing}")
     provenance = {"prompts_file": str(prompts), **tokenizer_fingerprint(tokenizer), "control_token_policy": CONTROL_TOKEN_POLICY, "params": params}
     write_table(table, PROMPTS_SCHEMA, out, provenance)
 

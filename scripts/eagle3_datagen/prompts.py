@@ -195,4 +195,6 @@ def read_prompts(path: str | Path) -> list[PromptRow]:
         else:
             first_seen[row.id] = source
         rows.append(row)
+    if not rows:
+        raise ValueError(f"prompts file {path} is empty: it holds no rows")
     return rows

@@ -31,15 +31,17 @@ def load_tokenizer(profile: ModelProfile):
     path = Path(profile.tokenizer)
     if not path.exists():
         raise FileNotFoundError(f"model.tokenizer: tokenizer directory {path} does not exist")
-    try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=profile.trust_remote_code)
-    except ValueError as exc:
-        if "trust_remote_code" in str(exc) and not profile.trust_remote_code:
+    config_file = path / "tokenizer_config.json"
+    if not profile.trust_remote_code and config_file.exists():
+        # transformers may quietly fall back to a built-in class instead of the tokenizer's own code,
+        # which would tokenize differently from the model: refuse instead.
+        auto_map = json.loads(config_file.read_text()).get("auto_map") or {}
+        if "AutoTokenizer" in auto_map:
             raise ValueError(
-                f"model.tokenizer: {path} needs custom code; set model.trust_remote_code: true "
-                "in the config if you trust it"
-            ) from exc
-        raise
+                f"model.tokenizer: {path} ships its own tokenizer code ({auto_map['AutoTokenizer']}); "
+                "set model.trust_remote_code: true in the config if you trust it"
+            )
+    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=profile.trust_remote_code)
 
 
 def token_id(tokenizer, token: str) -> int:

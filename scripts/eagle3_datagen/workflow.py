@@ -17,7 +17,34 @@ def load_sheet(path: str | Path):
     import pandas as pd
 
     sheet = pd.read_csv(path, sep="\t", dtype={"category": str, "prompts": str}, comment="#")
-    return sheet.set_index("category", drop=False)
+    if "category" in sheet.columns:
+        sheet = sheet.set_index("category", drop=False)
+    return sheet
+
+
+def validate_sheet(sheet, schema_path: str | Path, sheet_path: str | Path) -> None:
+    """Check every row of the category sheet; an error names the sheet's file, line and field."""
+    import jsonschema
+
+    with open(schema_path) as fh:
+        schema = yaml.safe_load(fh)
+    validator = jsonschema.Draft202012Validator(schema)
+    problems = []
+    if "category" not in sheet.columns or "prompts" not in sheet.columns:
+        raise ValueError(f"{sheet_path}: the sheet needs the columns 'category' and 'prompts' (tab-separated)")
+    for line, record in enumerate(sheet.to_dict("records"), start=2):  # line 1 is the header
+        record = {k: v for k, v in record.items() if v == v}  # empty cells
+        for key, value in list(record.items()):
+            if isinstance(value, float) and value.is_integer():
+                record[key] = int(value)
+        for error in sorted(validator.iter_errors(record), key=lambda e: list(e.path)):
+            where = f"field '{error.path[0]}'" if error.path else "row"
+            problems.append(f"{sheet_path}:{line}: {where}: {error.message}")
+    duplicated = sheet["category"][sheet["category"].duplicated()].tolist()
+    if duplicated:
+        problems.append(f"{sheet_path}: category names must be unique; repeated: {', '.join(map(str, duplicated))}")
+    if problems:
+        raise ValueError("invalid category sheet:\n  " + "\n  ".join(problems))
 
 
 def category_row(sheet, category: str) -> dict:
@@ -34,6 +61,7 @@ def tokenize_params(config: dict, category: dict) -> dict:
         },
         "samples_per_prompt": int(category.get("samples_per_prompt", config["samples_per_prompt"])),
         "seed": int(config["seed"]),
+        "on_bad_rows": config.get("on_bad_rows", "quarantine"),
     }
 
 
