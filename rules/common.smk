@@ -23,6 +23,7 @@ DEMO_MODEL = "resources/demo_model"
 
 wildcard_constraints:
     category="[a-z0-9_]+",
+    shard="[0-9]+",
 
 
 def get_category(wildcards):
@@ -71,3 +72,20 @@ def get_generate_mem_mb(wildcards):
 
 def get_generate_runtime(wildcards):
     return get_generate_job(wildcards)["runtime"]
+
+
+def get_shard_files(wildcards):
+    shards = wf.shard_count(get_category(wildcards))
+    return expand(
+        "results/generations/{category}/shard_{shard}.parquet",
+        category=wildcards.category,
+        shard=range(shards),
+    )
+
+
+def get_all_plan_files(wildcards):
+    return [
+        f"results/plan/{category}/shard_{shard}.json"
+        for category in CATEGORIES
+        for shard in range(wf.shard_count(wf.category_row(sheet, category)))
+    ]

@@ -4,9 +4,9 @@ rule plan_generation:
         tokenizer=get_tokenizer_files,
         engine=get_engine_files,
     output:
-        plan="results/plan/{category}.json",
+        plan="results/plan/{category}/shard_{shard}.json",
     log:
-        "logs/plan_generation/{category}.log",
+        "logs/plan_generation/{category}/shard_{shard}.log",
     localrule: True
     conda:
         "../envs/pipeline.yaml"
@@ -18,7 +18,7 @@ rule plan_generation:
 
 rule preview_generation:
     input:
-        plans=expand("results/plan/{category}.json", category=CATEGORIES),
+        plans=get_all_plan_files,
     output:
         preview="results/plan.tsv",
     log:
@@ -33,15 +33,15 @@ rule preview_generation:
 rule generate:
     input:
         prompts="results/prompts/{category}.parquet",
-        plan="results/plan/{category}.json",
+        plan="results/plan/{category}/shard_{shard}.json",
         engine=get_engine_files,
     output:
-        generations="results/generations/{category}.parquet",
+        generations="results/generations/{category}/shard_{shard}.parquet",
     log:
-        client="logs/generate/{category}.log",
-        server="logs/generate/{category}.server.log",
+        client="logs/generate/{category}/shard_{shard}.log",
+        server="logs/generate/{category}/shard_{shard}.server.log",
     benchmark:
-        "benchmarks/generate/{category}.tsv"
+        "benchmarks/generate/{category}/shard_{shard}.tsv"
     conda:
         "../envs/engine.yaml"
     threads: get_generate_cpus
@@ -53,3 +53,18 @@ rule generate:
         cfg=get_generate_params,
     script:
         "../scripts/generate.py"
+
+
+rule merge_shards:
+    input:
+        prompts="results/prompts/{category}.parquet",
+        shards=get_shard_files,
+    output:
+        generations="results/generations/{category}.parquet",
+    log:
+        "logs/merge_shards/{category}.log",
+    localrule: True
+    conda:
+        "../envs/pipeline.yaml"
+    script:
+        "../scripts/merge_shards.py"

@@ -113,14 +113,30 @@ def plan(prompt_rows: list[dict], template: RequestTemplate, journal: Journal | 
     return result
 
 
-def journal_path(cache_dir: str | Path, category: str) -> Path:
-    return Path(cache_dir) / "journal" / f"{category}.jsonl"
+def shard_of(row_id: str, shards: int) -> int:
+    """The shard a row belongs to: stable, so adding prompts moves no existing row."""
+    return int(hashlib.sha256(row_id.encode("utf-8")).hexdigest()[:12], 16) % shards
 
 
-def preview(prompt_rows: list[dict], *, tokenizer, profile: ModelProfile, sampling: dict, engine: dict, journal: Path) -> dict:
-    """What generating this category would cost now, without sending anything or starting a server."""
+def shard_rows(prompt_rows: list[dict], shard: int, shards: int) -> list[dict]:
+    return [r for r in prompt_rows if shard_of(r["id"], shards) == shard]
+
+
+def journal_path(cache_dir: str | Path, category: str, shard: int, shards: int) -> Path:
+    return Path(cache_dir) / "journal" / category / f"shard_{shard}-of-{shards}.jsonl"
+
+
+def open_journal(cache_dir: str | Path, category: str, shard: int, shards: int, *, read_only: bool = False) -> Journal:
+    """The shard's journal, reusing what every journal of the category holds (shard counts may change)."""
+    path = journal_path(cache_dir, category, shard, shards)
+    others = sorted(path.parent.glob("*.jsonl")) if path.parent.exists() else []
+    return Journal(path, read_only=read_only, also_read=others)
+
+
+def preview(prompt_rows: list[dict], *, tokenizer, profile: ModelProfile, sampling: dict, engine: dict, journal: Journal) -> dict:
+    """What generating these rows would cost now, without sending anything or starting a server."""
     template = make_template(tokenizer, profile, sampling, engine)
-    return plan(prompt_rows, template, Journal(journal, read_only=True) if journal.exists() else None).summary()
+    return plan(prompt_rows, template, journal).summary()
 
 
 def assemble(prompt_rows: list[dict], results: dict, template: RequestTemplate) -> list[dict]:
@@ -195,7 +211,7 @@ class Servers:
 
 
 @contextmanager
-def servers(engine: dict, *, profile: ModelProfile, log_path: Path, category: str, key: str | None):
+def servers(engine: dict, *, profile: ModelProfile, log_path: Path, record_name: str, key: str | None):
     """Where to send requests: a server this job launches (`sglang`, `local`), or running ones (`external`)."""
     kind = engine["kind"]
     if kind == "external":
@@ -207,7 +223,7 @@ def servers(engine: dict, *, profile: ModelProfile, log_path: Path, category: st
     else:
         record_dir = engine["local"].get("record_dir")
         # The engine's own record of what it served: tests compare exported data against it.
-        record = str(Path(record_dir) / f"{category}.jsonl") if record_dir else None
+        record = str(Path(record_dir) / record_name) if record_dir else None
         cmd = local_engine_command(engine, port=port, context_length=profile.context_length, tokenizer=profile.tokenizer, record=record)
     server = ManagedServer(cmd, port=port, log_path=log_path, startup_timeout_s=float(engine.get("startup_timeout_s", 600)))
     with server as url:
@@ -254,15 +270,16 @@ def generate_category(
     sampling: dict,
     engine: dict,
     client_settings: ClientSettings,
-    journal_path: Path,
+    journal: Journal,
     server_log: Path,
     max_failed_share: float,
     category: str,
+    record_name: str = "engine.jsonl",
 ) -> tuple[list[dict], dict]:
     """Generate every usable row of a category; returns (generations rows, provenance)."""
     template = make_template(tokenizer, profile, sampling, engine)
     provenance = {"model_fingerprint": template.model_fingerprint, "stop_token_ids": template.stop_token_ids, "job": job_facts()}
-    with Journal(journal_path) as journal, terminate_on_sigterm():
+    with journal, terminate_on_sigterm():
         todo = plan(prompt_rows, template, journal)
         log.info("%s plan: %s", category, todo.summary())
         provenance["plan"] = todo.summary()
@@ -270,14 +287,14 @@ def generate_category(
         if todo.to_send:
             key = api_key(engine)
             headers = {"Authorization": f"Bearer {key}"} if key else {}
-            with servers(engine, profile=profile, log_path=server_log, category=category, key=key) as srv:
+            with servers(engine, profile=profile, log_path=server_log, record_name=record_name, key=key) as srv:
                 provenance["servers"] = asyncio.run(_server_provenance(srv.urls, profile, headers))
                 client = GenerateClient(srv.urls, template, client_settings, label=category, headers=headers, alive=srv.alive)
                 try:
                     results.update(asyncio.run(client.run(todo.to_send, journal)))
                 except ServerDied as exc:
                     raise ServerDied(
-                        f"{category}: {exc}; its log is {server_log}. The journal {journal_path} keeps "
+                        f"{category}: {exc}; its log is {server_log}. The journal {journal.path} keeps "
                         "every finished row: rerun to resume."
                     ) from None
                 provenance["client"] = {
@@ -293,7 +310,7 @@ def generate_category(
         examples = "; ".join(f"{r['id']}.{r['sample_index']}: {r['error']}" for r in failed[:5])
         raise TooManyFailures(
             f"{category}: {len(failed)} of {len(attempted)} rows failed ({share:.1%} > client.max_failed_share "
-            f"{max_failed_share:.1%}); the journal {journal_path} keeps the finished rows, and a rerun sends only "
+            f"{max_failed_share:.1%}); the journal {journal.path} keeps the finished rows, and a rerun sends only "
             f"the failed ones. First failures: {examples}"
         )
     return rows, provenance

@@ -20,7 +20,9 @@ log = logging.getLogger(__name__)
 
 
 class Journal:
-    def __init__(self, path: str | Path, *, sync_every: int = 64, sync_interval_s: float = 2.0, read_only: bool = False):
+    def __init__(self, path: str | Path, *, sync_every: int = 64, sync_interval_s: float = 2.0, read_only: bool = False, also_read=()):
+        """`also_read`: other journals of the same category (other shards, earlier shard counts)
+        whose ok entries are reused; only `path` is ever written or repaired."""
         self.path = Path(path)
         self.read_only = read_only
         if not read_only:
@@ -30,6 +32,9 @@ class Journal:
         self.entries: dict[tuple[str, int], dict] = {}
         self.by_fingerprint: dict[str, dict] = {}
         self.torn_bytes = 0
+        for other in also_read:
+            if Path(other) != self.path:
+                Journal(other, read_only=True)._merge_into(self)
         self._load()
         self._fh = None if read_only else open(self.path, "ab")
         self._unsynced = 0
@@ -61,6 +66,10 @@ class Journal:
                 log.warning("journal %s: cutting a torn tail of %d bytes", self.path, self.torn_bytes)
                 with open(self.path, "r+b") as fh:
                     fh.truncate(good_end)
+
+    def _merge_into(self, other: "Journal") -> None:
+        for entry in self.by_fingerprint.values():
+            other.by_fingerprint.setdefault(entry["fingerprint"], entry)
 
     def _index(self, key: tuple[str, int], entry: dict) -> None:
         self.entries[key] = entry

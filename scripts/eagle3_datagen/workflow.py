@@ -73,7 +73,13 @@ def generate_params(config: dict, category: dict) -> dict:
         "client": config["client"],
         "max_failed_share": float(config["max_failed_share"]),
         "cache_dir": str(config["cache_dir"]),
+        "shards": shard_count(category),
     }
+
+
+def shard_count(category: dict) -> int:
+    """Generate jobs of a category: each its own server (and GPU job), so N nodes run N at once."""
+    return int(category.get("shards", 1))
 
 
 def load_config(path: str | Path, overrides: dict | None = None) -> dict:

@@ -148,13 +148,13 @@ def test_removing_results_throws_no_generation_away(run):
 
 def test_a_torn_cache_file_is_recovered_without_losing_other_entries(run):
     wd, counter = run
-    journal = wd.path / "cache" / "journal" / "alpha.jsonl"
+    journal = wd.path / "cache" / "journal" / "alpha" / "shard_0-of-1.jsonl"
     with open(journal, "ab") as fh:
         fh.write(b'{"id": "alpha-001", "sample_index": 0, "status": "ok", "output_ids": [1, 2')
     wd.snakemake("--cores", "2", "--forcerun", "generate")
     assert counter.new() == {}
     assert journal.read_bytes().endswith(b"\n")
-    assert "torn tail" in (wd.path / "logs" / "generate" / "alpha.log").read_text()
+    assert "torn tail" in (wd.path / "logs" / "generate" / "alpha" / "shard_0.log").read_text()
 
 
 def test_the_preview_tells_the_cost_before_any_request(run):

@@ -28,7 +28,7 @@ def by_run(record):
 def journal_keys(wd, category, status="ok"):
     import json
 
-    path = wd.path / "cache" / "journal" / f"{category}.jsonl"
+    path = wd.path / "cache" / "journal" / category / "shard_0-of-1.jsonl"
     keys = set()
     for line in path.read_text().splitlines():
         try:
@@ -57,7 +57,7 @@ def test_sigkill_mid_run_then_rerun_gives_every_row_exactly_once(scripted):
     target = "results/generations/kill.parquet"
     cmd = SNAKEMAKE + ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(wd.path), "--cores", "1", target]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    journal = wd.path / "cache" / "journal" / "kill.jsonl"
+    journal = wd.path / "cache" / "journal" / "kill" / "shard_0-of-1.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if journal.exists() and len(journal.read_bytes().splitlines()) >= 15:
@@ -99,7 +99,7 @@ def test_failed_rows_are_recorded_and_a_rerun_sends_only_them(scripted):
     # Two failures in twelve rows is more than a share of 0: the job fails, keeping its journal.
     proc = wd.snakemake("--cores", "1", check=False)
     assert proc.returncode != 0
-    log = (wd.path / "logs" / "generate" / "flaky.log").read_text()
+    log = (wd.path / "logs" / "generate" / "flaky" / "shard_0.log").read_text()
     assert "2 of 12 rows failed" in log and "max_failed_share" in log
     assert journal_keys(wd, "flaky", "failed") == {("f-003", 0), ("f-007", 0)}
     assert not (wd.path / "results" / "generations" / "flaky.parquet").exists()

@@ -28,7 +28,7 @@ def workdir(tmp_path, qwen3_tokenizer_dir):
 
 
 def failure_text(wd, proc):
-    return proc.stdout + proc.stderr + (wd.path / "logs" / "generate" / "srv.log").read_text()
+    return proc.stdout + proc.stderr + (wd.path / "logs" / "generate" / "srv" / "shard_0.log").read_text()
 
 
 def test_a_server_that_exits_during_startup(workdir):
@@ -39,8 +39,8 @@ def test_a_server_that_exits_during_startup(workdir):
     assert time.monotonic() - started < 60
     text = failure_text(wd, proc)
     assert "exited with code 3 during start-up" in text
-    assert "logs/generate/srv.server.log" in text
-    assert "failing start-up on purpose" in (wd.path / "logs" / "generate" / "srv.server.log").read_text()
+    assert "logs/generate/srv/shard_0.server.log" in text
+    assert "failing start-up on purpose" in (wd.path / "logs" / "generate" / "srv" / "shard_0.server.log").read_text()
 
 
 def test_a_server_that_never_becomes_healthy(workdir):
@@ -50,7 +50,7 @@ def test_a_server_that_never_becomes_healthy(workdir):
     assert proc.returncode != 0
     assert time.monotonic() - started < 60
     text = failure_text(wd, proc)
-    assert "did not become healthy within 8 s" in text and "logs/generate/srv.server.log" in text
+    assert "did not become healthy within 8 s" in text and "logs/generate/srv/shard_0.server.log" in text
 
 
 def test_a_server_that_dies_mid_run_leaves_a_journal_to_resume_from(workdir):
@@ -58,8 +58,8 @@ def test_a_server_that_dies_mid_run_leaves_a_journal_to_resume_from(workdir):
     proc = wd.snakemake("--cores", "1", "results/generations/srv.parquet", check=False)
     assert proc.returncode != 0
     text = failure_text(wd, proc)
-    assert "the server died during the run" in text and "logs/generate/srv.server.log" in text
-    journal = [json.loads(line) for line in (wd.path / "cache" / "journal" / "srv.jsonl").read_text().splitlines()]
+    assert "the server died during the run" in text and "logs/generate/srv/shard_0.server.log" in text
+    journal = [json.loads(line) for line in (wd.path / "cache" / "journal" / "srv" / "shard_0-of-1.jsonl").read_text().splitlines()]
     done = {e["id"] for e in journal if e["status"] == "ok"}
     assert 1 <= len(done) <= 6
     served_before = len(wd.engine_record("srv"))
