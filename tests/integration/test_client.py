@@ -163,3 +163,40 @@ def test_server_checks_refuse_auto_truncation_and_warn_on_parsers():
 
 def test_final_error_class_is_not_retryable():
     assert not issubclass(FinalError, RetryableError)
+
+
+def test_malformed_answers_end_as_failed_rows_with_their_reason(tokenizer):
+    """A server answering garbage for some rows: those rows fail with the reason, the rest are ok."""
+    from aiohttp import web
+
+    good_ids = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    answers = {
+        "q.0": lambda: web.Response(text="{not json", content_type="application/json"),
+        "q.1": lambda: web.json_response({"text": "hi", "meta_info": {"finish_reason": {"type": "stop"}}}),
+        "q.2": lambda: web.json_response({"output_ids": [len(tokenizer) + 7], "meta_info": {"finish_reason": {"type": "stop", "matched": 1}}}),
+        "q.3": lambda: web.json_response({"output_ids": [5], "meta_info": {"finish_reason": {"type": "abort", "message": "Aborted"}}}),
+    }
+
+    async def generate(request):
+        body = await request.json()
+        row = body["rid"].rsplit(".", 3)[0]
+        if row in answers:
+            return answers[row]()
+        return web.json_response({"text": "", "output_ids": good_ids, "meta_info": {"id": body["rid"], "finish_reason": {"type": "stop", "matched": good_ids[0]}, "completion_tokens": 1}})
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        async with TestServer(app, host="127.0.0.1") as server:
+            client = GenerateClient([str(server.make_url("")).rstrip("/")], template(tokenizer), ClientSettings(concurrency=4, max_retries=1, **FAST))
+            return await client.run(requests_for(tokenizer, 6))
+
+    results = asyncio.run(main())
+    reasons = {k[0]: r.get("error", "") for k, r in results.items() if r["status"] == "failed"}
+    assert set(reasons) == {"q.0", "q.1", "q.2", "q.3"}
+    assert "invalid JSON" in reasons["q.0"]
+    assert "'output_ids' missing" in reasons["q.1"]
+    assert "outside the vocabulary" in reasons["q.2"]
+    assert "aborted by the server" in reasons["q.3"]
+    assert all("output_ids" not in results[(k, 0)] for k in reasons)  # never written as data
+    assert results[("q.4", 0)]["status"] == results[("q.5", 0)]["status"] == "ok"
