@@ -101,7 +101,7 @@ def parse_response(data, req: Request, vocab_size: int) -> dict:
         raise RetryableError(f"malformed response: expected an object, got {type(data).__name__}")
     output_ids = data.get("output_ids")
     meta = data.get("meta_info")
-    if not isinstance(output_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in output_ids):
+    if not isinstance(output_ids, list) or (output_ids and set(map(type, output_ids)) != {int}):
         raise RetryableError("malformed response: 'output_ids' missing or not a list of integers")
     if not isinstance(meta, dict) or not isinstance(meta.get("finish_reason"), dict):
         raise RetryableError("malformed response: 'meta_info.finish_reason' missing")
@@ -111,11 +111,11 @@ def parse_response(data, req: Request, vocab_size: int) -> dict:
         raise RetryableError(f"aborted by the server: {finish.get('message')}")
     if finish_type not in ("stop", "length"):
         raise RetryableError(f"malformed response: unknown finish_reason type {finish_type!r}")
-    bad = [t for t in output_ids if not 0 <= t < vocab_size]
-    if bad:
-        raise RetryableError(f"malformed response: output ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
     if not output_ids:
         raise RetryableError("malformed response: no output tokens")
+    if min(output_ids) < 0 or max(output_ids) >= vocab_size:
+        bad = [t for t in output_ids if not 0 <= t < vocab_size]
+        raise RetryableError(f"malformed response: output ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
     if len(output_ids) > req.max_new_tokens:
         raise RetryableError(f"malformed response: {len(output_ids)} output tokens, more than max_new_tokens {req.max_new_tokens}")
     matched = finish.get("matched")
@@ -202,7 +202,7 @@ class GenerateClient:
         base = min(self.settings.backoff_max_s, self.settings.backoff_initial_s * 2 ** (attempt - 1))
         return base * self.rng.uniform(0.5, 1.5)
 
-    async def _send_once(self, session: aiohttp.ClientSession, req: Request, attempt: int) -> dict:
+    async def _post(self, session: aiohttp.ClientSession, req: Request, attempt: int) -> tuple[int, str]:
         body = {
             "input_ids": req.prompt_ids,
             "sampling_params": self.template.sampling_params(req),
@@ -214,83 +214,121 @@ class GenerateClient:
         self.in_flight += 1
         try:
             async with session.post(f"{self._url()}/generate", json=body, timeout=timeout, headers=self.headers) as resp:
-                text = await resp.text()
-                if resp.status != 200:
-                    message = error_text(resp.status, text)
-                    if resp.status in RETRYABLE_STATUS:
-                        raise RetryableError(message)
-                    raise FinalError(message)
-                try:
-                    data = json.loads(text)
-                except ValueError:
-                    raise RetryableError(f"malformed response: invalid JSON: {text[:200]!r}") from None
+                return resp.status, await resp.text()
         except asyncio.TimeoutError:
             raise RetryableError(f"timed out after {timeout.total:.0f} s") from None
         except aiohttp.ClientError as exc:
             raise RetryableError(f"connection error: {type(exc).__name__}: {exc}") from None
         finally:
             self.in_flight -= 1
+
+    def _interpret(self, status: int, text: str, req: Request) -> dict:
+        if status != 200:
+            message = error_text(status, text)
+            if status in RETRYABLE_STATUS:
+                raise RetryableError(message)
+            raise FinalError(message)
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise RetryableError(f"malformed response: invalid JSON: {text[:200]!r}") from None
         return parse_response(data, req, self.template.vocab_size)
 
-    async def generate_one(self, session: aiohttp.ClientSession, req: Request, progress: Progress | None = None) -> dict:
-        """Send one row until it succeeds, fails finally, or runs out of retries."""
+    async def generate_one(self, session: aiohttp.ClientSession, req: Request, progress: Progress | None = None, slots: asyncio.Semaphore | None = None) -> dict:
+        """Send one row until it succeeds, fails finally, or runs out of retries.
+
+        With `slots`, it is called holding one slot and gives it back the moment the server has
+        answered, before parsing and journalling, so the next request is already on its way: the
+        server never waits on this client's bookkeeping. A retry waits out its backoff without a slot.
+        """
+        held = slots is not None
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                slots.release()
+                held = False
+
         last_error = ""
-        for attempt in range(1, self.settings.max_retries + 2):
-            try:
-                result = await self._send_once(session, req, attempt)
-                return {**result, "status": "ok", "error": "", "attempts": attempt}
-            except FinalError as exc:
-                return {"status": "failed", "error": str(exc), "attempts": attempt}
-            except RetryableError as exc:
-                last_error = str(exc)
-                if self.alive is not None and not self.alive():
-                    raise ServerDied(f"the server died during the run (last error: {exc})") from None
-                if attempt > self.settings.max_retries:
-                    break
-                if progress is not None:
-                    progress.retries += 1
-                delay = self.backoff(attempt)
-                log.debug("%s.%d attempt %d: %s; retrying in %.1f s", req.id, req.sample_index, attempt, exc, delay)
-                await asyncio.sleep(delay)
+        try:
+            for attempt in range(1, self.settings.max_retries + 2):
+                if slots is not None and not held:
+                    await slots.acquire()
+                    held = True
+                try:
+                    try:
+                        status, text = await self._post(session, req, attempt)
+                    finally:
+                        release()
+                    result = self._interpret(status, text, req)
+                    return {**result, "status": "ok", "error": "", "attempts": attempt}
+                except FinalError as exc:
+                    return {"status": "failed", "error": str(exc), "attempts": attempt}
+                except RetryableError as exc:
+                    last_error = str(exc)
+                    if self.alive is not None and not self.alive():
+                        raise ServerDied(f"the server died during the run (last error: {exc})") from None
+                    if attempt > self.settings.max_retries:
+                        break
+                    if progress is not None:
+                        progress.retries += 1
+                    delay = self.backoff(attempt)
+                    log.debug("%s.%d attempt %d: %s; retrying in %.1f s", req.id, req.sample_index, attempt, exc, delay)
+                    await asyncio.sleep(delay)
+        finally:
+            release()
         return {"status": "failed", "error": f"gave up after {self.settings.max_retries + 1} attempts: {last_error}", "attempts": self.settings.max_retries + 1}
 
     async def run(self, requests: list[Request], journal: Journal | None = None) -> dict[tuple[str, int], dict]:
-        """Generate every request; results (ok or failed) are journalled as they finish."""
+        """Generate every request, `concurrency` in flight; results (ok or failed) are journalled as they finish."""
         results: dict[tuple[str, int], dict] = {}
         progress = Progress(len(requests), self.settings.progress_interval_s, self.label)
-        queue: asyncio.Queue = asyncio.Queue()
-        for req in requests:
-            queue.put_nowait(req)
-        connector = aiohttp.TCPConnector(limit=self.settings.concurrency, force_close=False)
+        slots = asyncio.Semaphore(self.settings.concurrency)
+        # Connections beyond the slots: a request that has given its slot back may still be
+        # closing its connection while the next one opens.
+        connector = aiohttp.TCPConnector(limit=2 * self.settings.concurrency)
+        errors: list[BaseException] = []
+        syncing = False
 
-        async def worker(session):
-            while True:
-                try:
-                    req = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
-                result = await self.generate_one(session, req, progress)
-                results[req.key] = result
-                if journal is not None:
-                    journal.append(
-                        {
-                            "id": req.id,
-                            "sample_index": req.sample_index,
-                            "fingerprint": req.fingerprint,
-                            **result,
-                        }
-                    )
-                progress.add(tokens=len(result.get("output_ids", ())), failed=result["status"] != "ok")
+        async def handle(session, req):
+            nonlocal syncing
+            result = await self.generate_one(session, req, progress, slots)
+            results[req.key] = result
+            if journal is not None:
+                journal.append({"id": req.id, "sample_index": req.sample_index, "fingerprint": req.fingerprint, **result})
+                if journal.sync_due() and not syncing:
+                    syncing = True  # fsync off the event loop, one at a time
+                    try:
+                        await asyncio.to_thread(journal.sync)
+                    finally:
+                        syncing = False
+            progress.add(tokens=len(result.get("output_ids", ())), failed=result["status"] != "ok")
 
+        def done(task: asyncio.Task) -> None:
+            tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                errors.append(task.exception())
+
+        tasks: set[asyncio.Task] = set()
         async with aiohttp.ClientSession(connector=connector) as session:
-            workers = [asyncio.create_task(worker(session)) for _ in range(min(self.settings.concurrency, len(requests)))]
             try:
-                await asyncio.gather(*workers)
+                for req in requests:
+                    await slots.acquire()
+                    if errors:
+                        slots.release()
+                        break
+                    task = asyncio.create_task(handle(session, req))
+                    tasks.add(task)
+                    task.add_done_callback(done)
+                while tasks:
+                    await asyncio.wait(set(tasks))
             finally:
-                for w in workers:
-                    w.cancel()
+                for task in list(tasks):
+                    task.cancel()
                 if journal is not None:
                     journal.sync()
+        if errors:
+            raise errors[0]
         if requests:
             progress.log()
         self.requests_per_s, self.tokens_per_s = progress.rates()

@@ -309,7 +309,7 @@ def generate_category(
     if share > max_failed_share:
         examples = "; ".join(f"{r['id']}.{r['sample_index']}: {r['error']}" for r in failed[:5])
         raise TooManyFailures(
-            f"{category}: {len(failed)} of {len(attempted)} rows failed ({share:.1%} > client.max_failed_share "
+            f"{category}: {len(failed)} of {len(attempted)} rows failed ({share:.1%} > max_failed_share "
             f"{max_failed_share:.1%}); the journal {journal.path} keeps the finished rows, and a rerun sends only "
             f"the failed ones. First failures: {examples}"
         )

@@ -85,13 +85,17 @@ class Journal:
         self._fh.write(json.dumps(entry, separators=(",", ":")).encode("utf-8") + b"\n")
         self._fh.flush()
         self._unsynced += 1
-        if self._unsynced >= self.sync_every or time.monotonic() - self._last_sync >= self.sync_interval_s:
-            self.sync()
+
+    def sync_due(self) -> bool:
+        """Time for an fsync: after `sync_every` entries or `sync_interval_s` seconds (the caller
+        syncs, so that an event loop can do it off its thread)."""
+        return bool(self._unsynced) and (self._unsynced >= self.sync_every or time.monotonic() - self._last_sync >= self.sync_interval_s)
 
     def sync(self) -> None:
-        if self._unsynced:
+        if self._unsynced and self._fh is not None and not self._fh.closed:
+            pending = self._unsynced
             os.fsync(self._fh.fileno())
-            self._unsynced = 0
+            self._unsynced -= pending  # entries appended during the fsync wait for the next one
         self._last_sync = time.monotonic()
 
     def close(self) -> None:

@@ -45,17 +45,18 @@ REFUSED_SGLANG_FLAGS = ("--reasoning-parser", "--tool-call-parser", "--allow-aut
 SECRET_FLAGS = ("--api-key",)
 
 
-def refused_flags(args: list[str]) -> list[str]:
-    return [a for a in args if a.split("=", 1)[0] in REFUSED_SGLANG_FLAGS]
+def check_extra_args(args: list[str]) -> None:
+    """Refuse launch arguments that would reshape or cut the generated data."""
+    bad = [a for a in args if a.split("=", 1)[0] in REFUSED_SGLANG_FLAGS]
+    if bad:
+        raise ValueError(f"engine.sglang.extra_args: {', '.join(bad)} would reshape or cut the generated data; remove it")
 
 
 def sglang_command(engine: dict, *, port: int, context_length: int, api_key: str | None = None) -> list[str]:
     """`python -m sglang.launch_server ...` from the config, bound to localhost on `port`."""
     sglang = engine["sglang"]
     extra = [str(a) for a in sglang.get("extra_args") or []]
-    bad = refused_flags(extra)
-    if bad:
-        raise ValueError(f"engine.sglang.extra_args: {', '.join(bad)} would reshape or cut the generated data; remove it")
+    check_extra_args(extra)
     cmd = [
         sglang.get("python", "python"),
         "-m",

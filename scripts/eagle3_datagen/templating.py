@@ -104,20 +104,25 @@ class ControlText:
 
 
 class TextOnlyEncoder:
-    """Encodes text with no added-token matching: what a control string typed by a user becomes."""
+    """Encodes text with no added-token matching: what a control string typed by a user becomes.
+
+    This is the path the fast tokenizer takes for any text between added tokens — normalizer,
+    pre-tokenizer, model — run on the whole string, so no added token can match inside it.
+    """
 
     def __init__(self, tokenizer):
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None:
             raise NotImplementedError("literal control text needs a fast tokenizer (tokenizer.json)")
-        from tokenizers import Tokenizer
-
-        spec = json.loads(backend.to_str())
-        spec["added_tokens"] = []
-        self._tok = Tokenizer.from_str(json.dumps(spec))
+        self._normalizer = backend.normalizer
+        self._pre_tokenizer = backend.pre_tokenizer
+        self._model = backend.model
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        if self._normalizer is not None:
+            text = self._normalizer.normalize_str(text)
+        pieces = self._pre_tokenizer.pre_tokenize_str(text) if self._pre_tokenizer is not None else [(text, None)]
+        return [token.id for piece, _ in pieces for token in self._model.tokenize(piece)]
 
 
 @dataclass

@@ -140,13 +140,11 @@ def generate_job(engine: dict) -> dict:
 
 def check_engine(engine: dict) -> None:
     """Refuse, before any job runs, an engine configuration that would corrupt data."""
-    from .lifecycle import refused_flags
+    from .lifecycle import check_extra_args
 
     if engine["kind"] == "sglang":
         if "sglang" not in engine:
             raise ValueError("engine.kind is sglang but engine.sglang (model_path, tp_size, ...) is missing")
-        bad = refused_flags([str(a) for a in engine["sglang"].get("extra_args") or []])
-        if bad:
-            raise ValueError(f"engine.sglang.extra_args: {', '.join(bad)} would reshape or cut the generated data; remove it")
+        check_extra_args([str(a) for a in engine["sglang"].get("extra_args") or []])
     if engine["kind"] == "external" and not (engine.get("external") or {}).get("urls"):
         raise ValueError("engine.kind is external but engine.external.urls is empty")

@@ -53,3 +53,14 @@ def test_last_entry_for_a_key_wins(tmp_path):
         j.append(entry(1))
     with Journal(path) as j:
         assert j.entries[("r1", 0)]["status"] == "ok"
+
+
+def test_fsync_comes_in_batches(tmp_path):
+    with Journal(tmp_path / "j.jsonl", sync_every=3, sync_interval_s=3600) as j:
+        j.append(entry(1))
+        j.append(entry(2))
+        assert not j.sync_due()
+        j.append(entry(3))
+        assert j.sync_due()
+        j.sync()
+        assert not j.sync_due()

@@ -123,3 +123,21 @@ def test_unknown_token_is_an_error(qwen3):
     tok, _ = qwen3
     with pytest.raises(ValueError, match="not in the vocabulary"):
         token_id(tok, "<|no_such_token|>")
+
+
+@pytest.mark.parametrize("fixture_name", ["qwen3", "kimi"])
+def test_text_only_encoding_equals_a_tokenizer_without_added_tokens(request, fixture_name):
+    """The reference: the same tokenizer rebuilt with its added tokens removed."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    from eagle3_datagen.templating import TextOnlyEncoder
+
+    tok, _ = request.getfixturevalue(fixture_name)
+    spec = json.loads(tok.backend_tokenizer.to_str())
+    spec["added_tokens"] = []
+    reference = Tokenizer.from_str(json.dumps(spec))
+    fast = TextOnlyEncoder(tok)
+    for text in ["<|im_end|>", " <think>", "</think>\n\n", "<|tool_calls_section_begin|>", "[BOS]", "日本語<|im_start|>x", "  <|endoftext|>  "]:
+        assert fast.encode(text) == reference.encode(text, add_special_tokens=False).ids, text
