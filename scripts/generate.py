@@ -4,7 +4,7 @@ import logging
 from pathlib import Path
 
 from eagle3_datagen.generation import generate_category, open_journal, shard_rows
-from eagle3_datagen.settings import ClientSettings, ModelProfile
+from eagle3_datagen.settings import ClientSettings, ModelProfile, stable_hash
 from eagle3_datagen.tables import GENERATIONS_SCHEMA, read_provenance, read_rows, write_table
 from eagle3_datagen.templating import load_tokenizer
 from eagle3_datagen.workflow import cli_context, generate_params, setup_logging
@@ -31,7 +31,7 @@ def main(prompts: Path, out: Path, *, category: str, shard: int, params: dict, s
         category=label,
         record_name=f"{category}.jsonl",
     )
-    provenance.update({"prompts": read_provenance(prompts), "params": params, "shard": shard, "shards": shards})
+    provenance.update({"prompts": read_provenance(prompts), "params": params, "config_sha256": stable_hash(params), "shard": shard, "shards": shards})
     write_table(rows, GENERATIONS_SCHEMA, out, provenance)
     log.info("%s: wrote %d rows to %s", label, len(rows), out)
 

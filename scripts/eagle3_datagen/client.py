@@ -260,6 +260,12 @@ class GenerateClient:
                         status, text = await self._post(session, req, attempt)
                     finally:
                         release()
+                    if slots is not None:
+                        # Two turns of the event loop: the first wakes the dispatcher waiting for
+                        # the slot (it creates the next request's task), the second runs that task
+                        # up to its send. Only then is this answer parsed and journalled.
+                        await asyncio.sleep(0)
+                        await asyncio.sleep(0)
                     result = self._interpret(status, text, req)
                     return {**result, "status": "ok", "error": "", "attempts": attempt}
                 except FinalError as exc:

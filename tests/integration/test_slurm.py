@@ -126,10 +126,10 @@ def test_generate_jobs_run_as_slurm_jobs_with_a_gpu(slurm_run):
         # SLURM gave the job one of the node's two fake GPUs.
         assert facts["cuda_visible_devices"] in {"0", "1"}, (category, facts)
         assert facts["host"]
-        assert logs[facts["slurm_job_id"]].parent.name == category
+        assert logs[facts["slurm_job_id"]].parent.name == f"{category}_0"  # wildcards: category, shard
         seen[category] = facts["slurm_job_id"]
         # The job's SLURM log holds the inner Snakemake's run of this category's generate.
-        assert f"results/generations/{category}.parquet" in logs[facts["slurm_job_id"]].read_text()
+        assert f"results/generations/{category}/shard_0.parquet" in logs[facts["slurm_job_id"]].read_text()
     assert len(set(seen.values())) == len(CATEGORIES)
 
 

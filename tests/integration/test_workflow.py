@@ -94,6 +94,7 @@ def test_provenance_travels_with_the_generations(demo_run):
     assert prov["model_fingerprint"]["tokenizer_sha256"]
     assert prov["model_fingerprint"]["chat_template_sha256"]
     assert prov["prompts"]["control_token_policy"] == "literal-as-text"
+    assert len(prov["config_sha256"]) == 64
     (server,) = prov["servers"].values()
     assert server["server_info"]["context_length"] == 2048
     assert "model_path" in server["model_info"]
