@@ -24,7 +24,6 @@ import json
 import random
 import statistics
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -37,22 +36,12 @@ from eagle3_datagen.fixtures import qwen3_tokenizer_dir  # noqa: E402
 from eagle3_datagen.settings import ModelProfile  # noqa: E402
 from eagle3_datagen.tables import GENERATIONS_SCHEMA, write_table  # noqa: E402
 from eagle3_datagen.templating import ChatTokenizer  # noqa: E402
-
-
-def real_text(min_chars: int = 4_000_000) -> str:
-    parts, total = [], 0
-    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
-        text = path.read_text(encoding="utf-8", errors="ignore")
-        parts.append(text)
-        total += len(text)
-        if total >= min_chars:
-            break
-    return "\n".join(parts)
+from parser_check import real_text  # noqa: E402  (bench/ is on the path of a bench script)
 
 
 def synthesize(tok, n_rows: int, prompt_tokens: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
-    stream = tok.backend_tokenizer.encode(real_text(), add_special_tokens=False).ids
+    stream = tok.backend_tokenizer.encode(real_text(4_000_000), add_special_tokens=False).ids
     tid = tok.convert_tokens_to_ids
     think, end, stop = tid("<think>"), tid("</think>"), tid("<|im_end|>")
     newlines = tok.backend_tokenizer.encode("\n\n", add_special_tokens=False).ids
