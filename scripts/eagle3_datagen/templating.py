@@ -185,24 +185,17 @@ class ChatTokenizer:
             return [e.ids for e in self._backend.encode_batch(texts, add_special_tokens=False)]
         return [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
-    def _encode_with_literals(self, text: str, literals: list[str]) -> list[int]:
+    def _text_only_encoder(self) -> TextOnlyEncoder:
         if self._text_only is None:
             self._text_only = TextOnlyEncoder(self.tokenizer)
-        ids: list[int] = []
-        last = 0
-        for m in _MARK_RE.finditer(text):
-            ids.extend(self._encode_batch([text[last : m.start()]])[0] if m.start() > last else [])
-            ids.extend(self._text_only.encode(literals[int(m.group(1))]))
-            last = m.end()
-        if last < len(text):
-            ids.extend(self._encode_batch([text[last:]])[0])
-        return ids
+        return self._text_only
 
     def render_and_encode(self, conversations: list[list[dict]], tools: list | None, *, add_generation_prompt: bool = True) -> tuple[list[str], list[list[int]], list[bool]]:
         """Render conversations that share one `tools` list and encode them in one batch.
 
         Returns the rendered texts (with marks where literal control text was cut out), the ids,
-        and whether each conversation held literal control text.
+        and whether each conversation held literal control text. The template's text between marks
+        goes into a single `encode_batch` with every other row; the literal text is encoded as text.
         """
         literal_lists: list[list[str]] = []
         protected = []
@@ -211,14 +204,32 @@ class ChatTokenizer:
             protected.append(self._protect(conversation, literals))
             literal_lists.append(literals)
         texts = self.render(protected, tools, add_generation_prompt=add_generation_prompt)
-        ids: list[list[int] | None] = [None] * len(texts)
-        plain = [k for k, lits in enumerate(literal_lists) if not lits]
-        for k, row in zip(plain, self._encode_batch([texts[k] for k in plain])):
-            ids[k] = row
-        for k, lits in enumerate(literal_lists):
-            if lits:
-                ids[k] = self._encode_with_literals(texts[k], lits)
-        return texts, ids, [bool(lits) for lits in literal_lists]  # type: ignore[return-value]
+        segments: list[str] = []
+        layouts: list[list[int | str]] = []  # per row: an int indexes `segments`, a str is literal text
+        for text, literals in zip(texts, literal_lists):
+            layout: list[int | str] = []
+            last = 0
+            for m in _MARK_RE.finditer(text) if literals else ():
+                if m.start() > last:
+                    layout.append(len(segments))
+                    segments.append(text[last : m.start()])
+                layout.append(literals[int(m.group(1))])
+                last = m.end()
+            if last < len(text) or not layout:
+                layout.append(len(segments))
+                segments.append(text[last:])
+            layouts.append(layout)
+        encoded = self._encode_batch(segments)
+        ids = []
+        for layout in layouts:
+            if len(layout) == 1 and isinstance(layout[0], int):
+                ids.append(encoded[layout[0]])
+                continue
+            row: list[int] = []
+            for part in layout:
+                row.extend(encoded[part] if isinstance(part, int) else self._text_only_encoder().encode(part))
+            ids.append(row)
+        return texts, ids, [bool(lits) for lits in literal_lists]
 
     def tokenize(self, conversations: list[list[dict]], tools_list: list) -> list[Tokenized]:
         """Prompt ids of each conversation; rows are batched by identical tools."""
