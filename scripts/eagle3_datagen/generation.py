@@ -281,8 +281,8 @@ def generate_category(
     provenance = {"model_fingerprint": template.model_fingerprint, "stop_token_ids": template.stop_token_ids, "job": job_facts()}
     with journal, terminate_on_sigterm():
         todo = plan(prompt_rows, template, journal)
-        log.info("%s plan: %s", category, todo.summary())
         provenance["plan"] = todo.summary()
+        log.info("%s plan: %s", category, provenance["plan"])
         results = dict(todo.reused)
         if todo.to_send:
             key = api_key(engine)

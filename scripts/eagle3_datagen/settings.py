@@ -6,7 +6,7 @@ only give the validated dict names and types, so that library code never indexes
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 # Sampling keys the pipeline sends on every request. SGLang's /generate applies none of the model's
@@ -99,6 +99,3 @@ def stable_hash(obj: Any) -> str:
     blob = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
-
-def profile_dict(profile: ModelProfile) -> dict:
-    return asdict(profile)

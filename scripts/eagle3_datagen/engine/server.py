@@ -61,12 +61,6 @@ class Faults:
         self._rng = random.Random(self.seed)
         self._fail = re.compile(self.fail_rids) if self.fail_rids else None
 
-    @property
-    def active(self) -> bool:
-        return bool(
-            self.latency_ms or self.error_rate or self.reset_rate or self.hang_rate or self._fail
-        )
-
     def draw(self, rids: List[str]) -> Tuple[Optional[str], Optional[int], float]:
         """(fault kind or None, HTTP status for "error", latency in seconds) for one request."""
         if self._fail is not None:
