@@ -1,10 +1,13 @@
-# The two commands of the README: `make demo` and `make test`.
+# The two commands of the README: `make demo` and `make test`; `make test-fast` is the inner loop.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Test processes: the suite mostly waits on subprocesses, so two workers keep two cores busy; a
+# module's tests stay on one worker (--dist loadfile), so its shared workflow run is made once.
+JOBS ?= 2
 
-.PHONY: demo test lint clean-results
+.PHONY: demo test test-fast lint oracles clean-results
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,10 +20,24 @@ demo: $(STAMP)
 	$(BIN)/snakemake --report report.html
 	@echo "dataset: results/dataset/  summary: results/summary.tsv  report: report.html"
 
-test: $(STAMP)
+lint: $(STAMP)
 	$(BIN)/snakemake --lint
 	$(BIN)/snakefmt --check Snakefile rules
-	$(BIN)/python -m pytest -q
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# SGLang's own parsers for the parity test, installed before the suite (not while it runs).
+oracles: $(STAMP)
+	$(BIN)/python tests/sglang_oracles.py
+
+# Everything: lint, then every test (whole-DAG runs and the SLURM cluster included).
+test: lint oracles
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
+
+# Unit and in-process tests only (no whole-DAG run): before every commit.
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not slow" -n $(JOBS)
 
 clean-results:
 	rm -rf results logs benchmarks report.html

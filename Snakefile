@@ -20,11 +20,11 @@ include: "rules/report.smk"
 rule all:
     default_target: True
     input:
-        expand("results/dataset/{category}.jsonl", category=CATEGORIES),
-        "results/dataset/train.jsonl",
-        "results/summary.tsv",
-        "results/plots/lengths.png",
-        expand("results/checks/{category}.json", category=CATEGORIES),
-        "results/plots/verdicts.png",
-        "results/plots/token_share.png",
-        "results/plots/finish_reasons.png",
+        expand(P["dataset"], category=CATEGORIES),
+        P["train"],
+        P["summary"],
+        P["lengths_png"],
+        expand(P["verdict_counts"], category=CATEGORIES),
+        P["verdicts_png"],
+        P["token_share_png"],
+        P["finish_reasons_png"],

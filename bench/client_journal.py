@@ -19,22 +19,31 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from eagle3_datagen.client import GenerateClient, Request, RequestTemplate  # noqa: E402
-from eagle3_datagen.fixtures import qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.demo_model import qwen3_tokenizer_dir  # noqa: E402
 from eagle3_datagen.journal import Journal  # noqa: E402
-from eagle3_datagen.lifecycle import ManagedServer, free_port  # noqa: E402
+from eagle3_datagen.servers import ManagedServer, free_port  # noqa: E402
 from eagle3_datagen.settings import ClientSettings  # noqa: E402
 
 
 def requests(tokenizer, n: int, max_new_tokens: int) -> list[Request]:
     out = []
     for i in range(n):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": f"Question {i}: explain item {i}."}], add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Question {i}: explain item {i}."}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
         out.append(Request(f"b-{i}", 0, ids, max_new_tokens, seed=i, fingerprint=str(i)))
     return out
 
 
-def run_once(url: str, template: RequestTemplate, reqs: list[Request], *, journal_dir: Path | None, concurrency: int) -> dict:
-    client = GenerateClient([url], template, ClientSettings(concurrency=concurrency, progress_interval_s=3600))
+def run_once(
+    url: str, template: RequestTemplate, reqs: list[Request], *, journal_dir: Path | None, concurrency: int
+) -> dict:
+    client = GenerateClient(
+        [url], template, ClientSettings.from_config(concurrency=concurrency, progress_interval_s=3600)
+    )
     journal = Journal(journal_dir / f"j{time.monotonic_ns()}.jsonl") if journal_dir else None
     cpu0, wall0 = time.process_time(), time.perf_counter()
     results = asyncio.run(client.run(reqs, journal))
@@ -58,9 +67,29 @@ def main() -> None:
     tok_dir = qwen3_tokenizer_dir()
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     reqs = requests(tokenizer, args.requests, args.max_new_tokens)
-    template = RequestTemplate({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}, [tokenizer.convert_tokens_to_ids("<|im_end|>")], len(tokenizer))
+    template = RequestTemplate(
+        {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0},
+        [tokenizer.convert_tokens_to_ids("<|im_end|>")],
+        len(tokenizer),
+    )
     port = free_port()
-    cmd = [sys.executable, "-m", "eagle3_datagen.engine", "--backend", "scripted", "--model-dir", str(tok_dir), "--tokenizer-dir", str(tok_dir), "--port", str(port), "--context-length", "32768", "--log-level", "WARNING"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3_datagen.engine",
+        "--backend",
+        "scripted",
+        "--model-dir",
+        str(tok_dir),
+        "--tokenizer-dir",
+        str(tok_dir),
+        "--port",
+        str(port),
+        "--context-length",
+        "32768",
+        "--log-level",
+        "WARNING",
+    ]
     with tempfile.TemporaryDirectory() as tmp, ManagedServer(cmd, port=port, log_path=Path(tmp) / "engine.log") as url:
         run_once(url, template, reqs[:200], journal_dir=None, concurrency=args.concurrency)  # warm-up
         on, off = [], []
@@ -68,11 +97,15 @@ def main() -> None:
             off.append(run_once(url, template, reqs, journal_dir=None, concurrency=args.concurrency))
             on.append(run_once(url, template, reqs, journal_dir=Path(tmp), concurrency=args.concurrency))
     med = lambda runs, k: statistics.median(r[k] for r in runs)  # noqa: E731
-    print(f"{args.requests} requests x {args.repeats} repeats, concurrency {args.concurrency}, up to {args.max_new_tokens} new tokens")
+    print(
+        f"{args.requests} requests x {args.repeats} repeats, concurrency {args.concurrency}, up to {args.max_new_tokens} new tokens"
+    )
     print(f"{'':14}{'req/s':>10}{'tok/s':>12}{'client CPU s / 1000 req':>26}")
     for name, runs in (("journal off", off), ("journal on", on)):
         print(f"{name:14}{med(runs, 'rps'):>10.0f}{med(runs, 'tps'):>12.0f}{med(runs, 'cpu_per_1000'):>26.3f}")
-    print(f"ratio on/off  {med(on, 'rps') / med(off, 'rps'):>9.2f}x{med(on, 'tps') / med(off, 'tps'):>11.2f}x{med(on, 'cpu_per_1000') / med(off, 'cpu_per_1000'):>25.2f}x")
+    print(
+        f"ratio on/off  {med(on, 'rps') / med(off, 'rps'):>9.2f}x{med(on, 'tps') / med(off, 'tps'):>11.2f}x{med(on, 'cpu_per_1000') / med(off, 'cpu_per_1000'):>25.2f}x"
+    )
 
 
 if __name__ == "__main__":

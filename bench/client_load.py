@@ -46,10 +46,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from eagle3_datagen.client import GenerateClient, Request, RequestTemplate, parse_response  # noqa: E402
-from eagle3_datagen.fixtures import qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.demo_model import qwen3_tokenizer_dir  # noqa: E402
 from eagle3_datagen.journal import Journal  # noqa: E402
-from eagle3_datagen.lifecycle import ManagedServer, free_port  # noqa: E402
 from eagle3_datagen.prompts import read_prompts  # noqa: E402
+from eagle3_datagen.servers import ManagedServer, free_port  # noqa: E402
 from eagle3_datagen.settings import ClientSettings  # noqa: E402
 
 SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -72,7 +72,12 @@ def build_requests(tokenizer, n: int, max_new_tokens: int, prompt_tokens: int = 
         while sum(len(p) for p in parts) < prompt_tokens * 4:
             parts.append(texts[k % len(texts)])
             k += 7
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": "\n\n".join(parts)}], add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "\n\n".join(parts)}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
         out.append(Request(f"r-{i}", 0, ids[: prompt_tokens + 40], max_new_tokens, seed=i, fingerprint=str(i)))
     return out
 
@@ -171,15 +176,32 @@ def share_at(changes: list[tuple[float, int]], level: int, t0: float, t1: float)
 
 
 def engine(tok_dir: Path, port: int, log_dir: Path, latency: str | None) -> ManagedServer:
-    cmd = [sys.executable, "-m", "eagle3_datagen.engine", "--backend", "scripted", "--model-dir", str(tok_dir), "--tokenizer-dir", str(tok_dir),
-           "--port", str(port), "--context-length", "32768", "--log-level", "WARNING"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3_datagen.engine",
+        "--backend",
+        "scripted",
+        "--model-dir",
+        str(tok_dir),
+        "--tokenizer-dir",
+        str(tok_dir),
+        "--port",
+        str(port),
+        "--context-length",
+        "32768",
+        "--log-level",
+        "WARNING",
+    ]
     if latency:
         cmd += ["--latency-ms", latency]
     return ManagedServer(cmd, port=port, log_path=log_dir / f"engine-{port}.log")
 
 
 def throughput_run(url: str, template: RequestTemplate, reqs: list[Request], tmp: Path, concurrency: int) -> dict:
-    client = GenerateClient([url], template, ClientSettings(concurrency=concurrency, progress_interval_s=3600))
+    client = GenerateClient(
+        [url], template, ClientSettings.from_config(concurrency=concurrency, progress_interval_s=3600)
+    )
     journal = Journal(tmp / f"j{time.monotonic_ns()}.jsonl")
     cpu0, wall0 = time.process_time(), time.perf_counter()
     results = asyncio.run(client.run(reqs, journal))
@@ -187,12 +209,19 @@ def throughput_run(url: str, template: RequestTemplate, reqs: list[Request], tmp
     journal.close()
     assert all(r["status"] == "ok" for r in results.values()), "a request failed"
     tokens = sum(len(r["output_ids"]) for r in results.values())
-    return {"rps": len(reqs) / wall, "tps": tokens / wall, "cpu_per_1000": cpu / len(reqs) * 1000, "tokens_per_req": tokens / len(reqs)}
+    return {
+        "rps": len(reqs) / wall,
+        "tps": tokens / wall,
+        "cpu_per_1000": cpu / len(reqs) * 1000,
+        "tokens_per_req": tokens / len(reqs),
+    }
 
 
-def occupancy_run(url: str, template: RequestTemplate, reqs: list[Request], tmp: Path, concurrency: int, interval_s: float = 0.005) -> dict:
+def occupancy_run(
+    url: str, template: RequestTemplate, reqs: list[Request], tmp: Path, concurrency: int, interval_s: float = 0.005
+) -> dict:
     n, c = len(reqs), concurrency
-    client = RecordingClient([url], template, ClientSettings(concurrency=c, progress_interval_s=3600))
+    client = RecordingClient([url], template, ClientSettings.from_config(concurrency=c, progress_interval_s=3600))
     journal = CountingJournal(tmp / f"j{time.monotonic_ns()}.jsonl", mark=n - c)
     wire: list[tuple[float, int]] = []
     samples: list[int] = []
@@ -228,9 +257,18 @@ def occupancy_run(url: str, template: RequestTemplate, reqs: list[Request], tmp:
     t0 = next(t for t, v in wire if v >= c)
     t1 = journal.mark_time
     finished = sum(1 for t, v in wire[1:] if t0 < t <= t1) // 2  # each request: one start, one end
-    out = {"rps": n / wall, "cpu_share": cpu / wall, "window_s": t1 - t0, "ramp_ms": (t0 - t_counter) * 1000,
-           "sampled": sum(s >= c for s in samples) / len(samples), "samples": len(samples), "late_ms": statistics.median(lateness) * 1000,
-           "journal_ms": journal.append_s / journal.done * 1000, "fsync_ms": journal.sync_s / max(journal.syncs, 1) * 1000, "syncs": journal.syncs}
+    out = {
+        "rps": n / wall,
+        "cpu_share": cpu / wall,
+        "window_s": t1 - t0,
+        "ramp_ms": (t0 - t_counter) * 1000,
+        "sampled": sum(s >= c for s in samples) / len(samples),
+        "samples": len(samples),
+        "late_ms": statistics.median(lateness) * 1000,
+        "journal_ms": journal.append_s / journal.done * 1000,
+        "fsync_ms": journal.sync_s / max(journal.syncs, 1) * 1000,
+        "syncs": journal.syncs,
+    }
     for name, changes in (("counter", client.changes), ("wire", wire)):
         mean = mean_level(changes, t0, t1)
         out[name] = share_at(changes, c, t0, t1)
@@ -246,7 +284,9 @@ def cpu_breakdown(url: str, client: GenerateClient, req: Request, tmp: Path, rep
     import urllib.request
 
     body = {"input_ids": req.prompt_ids, "sampling_params": client.template.sampling_params(req), "rid": "breakdown"}
-    http = urllib.request.Request(f"{url}/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    http = urllib.request.Request(
+        f"{url}/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(http, timeout=120) as resp:
         text = resp.read().decode()
     journal = Journal(tmp / f"breakdown{time.monotonic_ns()}.jsonl", sync_every=10**9, sync_interval_s=1e9)
@@ -256,7 +296,17 @@ def cpu_breakdown(url: str, client: GenerateClient, req: Request, tmp: Path, rep
         "request body json.dumps": lambda: json.dumps(body),
         "answer json.loads": lambda: json.loads(text),
         "parse_response": lambda: parse_response(data, req, client.template.vocab_size),
-        "journal append (no fsync)": lambda: journal.append({"id": req.id, "sample_index": 0, "fingerprint": req.fingerprint, **result, "status": "ok", "error": "", "attempts": 1}),
+        "journal append (no fsync)": lambda: journal.append(
+            {
+                "id": req.id,
+                "sample_index": 0,
+                "fingerprint": req.fingerprint,
+                **result,
+                "status": "ok",
+                "error": "",
+                "attempts": 1,
+            }
+        ),
     }
     out = {"n_output": len(data["output_ids"]), "answer_kb": len(text) / 1024}
     for name, fn in steps.items():
@@ -293,8 +343,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--latency-ms", default="5:600", help="(b): added server latency LO:HI, uniform")
     parser.add_argument("--occupancy-requests", type=int, default=2500, help="requests per run of (b), short answers")
-    parser.add_argument("--occupancy-long-requests", type=int, default=500, help="requests per run of (b), long answers")
-    parser.add_argument("--long-concurrency", type=int, default=16, help="(b): concurrency with long answers (the engine's CPU bounds it here)")
+    parser.add_argument(
+        "--occupancy-long-requests", type=int, default=500, help="requests per run of (b), long answers"
+    )
+    parser.add_argument(
+        "--long-concurrency",
+        type=int,
+        default=16,
+        help="(b): concurrency with long answers (the engine's CPU bounds it here)",
+    )
     parser.add_argument("--server-rps", default="5,20", help="GPU server request rates to compare with")
     args = parser.parse_args()
     from transformers import AutoTokenizer
@@ -320,27 +377,48 @@ def main() -> None:
             med = lambda name, k: statistics.median(r[k] for r in runs[name])  # noqa: E731
             rates = [float(x) for x in args.server_rps.split(",")]
             prompt_len = statistics.mean(len(r.prompt_ids) for r in short)
-            print(f"(a) throughput, zero added latency, concurrency {c}, ~{prompt_len:.0f}-token prompts, journal on, median of {args.repeats}")
-            print(f"{'answers':16}{'requests':>9}{'tok/req':>9}{'req/s':>9}{'tok/s':>11}{'CPU s/1000 req':>16}{'1-core limit req/s':>20}" + "".join(f"{f'vs {r:g} req/s':>14}" for r in rates))
+            print(
+                f"(a) throughput, zero added latency, concurrency {c}, ~{prompt_len:.0f}-token prompts, journal on, median of {args.repeats}"
+            )
+            print(
+                f"{'answers':16}{'requests':>9}{'tok/req':>9}{'req/s':>9}{'tok/s':>11}{'CPU s/1000 req':>16}{'1-core limit req/s':>20}"
+                + "".join(f"{f'vs {r:g} req/s':>14}" for r in rates)
+            )
             for name, n in (("short (<=256)", len(short)), (f"long ({args.long_tokens})", len(long))):
                 key = name.split()[0]
                 cpu = med(key, "cpu_per_1000")
                 limit = 1000 / cpu
-                print(f"{name:16}{n:>9}{med(key, 'tokens_per_req'):>9.0f}{med(key, 'rps'):>9.0f}{med(key, 'tps'):>11.0f}{cpu:>16.3f}{limit:>20.0f}"
-                      + "".join(f"{limit / r:>13.0f}x" for r in rates))
+                print(
+                    f"{name:16}{n:>9}{med(key, 'tokens_per_req'):>9.0f}{med(key, 'rps'):>9.0f}{med(key, 'tps'):>11.0f}{cpu:>16.3f}{limit:>20.0f}"
+                    + "".join(f"{limit / r:>13.0f}x" for r in rates)
+                )
             # Client CPU grows with the answer's length: a line through the two shapes, extrapolated.
-            per_tok = (med("long", "cpu_per_1000") - med("short", "cpu_per_1000")) / (med("long", "tokens_per_req") - med("short", "tokens_per_req"))
+            per_tok = (med("long", "cpu_per_1000") - med("short", "cpu_per_1000")) / (
+                med("long", "tokens_per_req") - med("short", "tokens_per_req")
+            )
             base = med("short", "cpu_per_1000") - per_tok * med("short", "tokens_per_req")
             for tokens in (16384, 32768):
                 cpu = base + per_tok * tokens
-                print(f"{f'~{tokens} (extrap.)':16}{'':>9}{tokens:>9}{'':>9}{'':>11}{cpu:>16.3f}{1000 / cpu:>20.0f}" + "".join(f"{1000 / cpu / r:>13.1f}x" for r in rates))
-            print(f"client CPU: {base:.3f} ms per request + {per_tok * 1000:.3f} ms per 1,000 output tokens (one core: at most {1 / per_tok / 1000:.2f} M output tok/s);"
-                  " '1-core limit' = 1000 / (CPU s per 1,000 requests)")
+                print(
+                    f"{f'~{tokens} (extrap.)':16}{'':>9}{tokens:>9}{'':>9}{'':>11}{cpu:>16.3f}{1000 / cpu:>20.0f}"
+                    + "".join(f"{1000 / cpu / r:>13.1f}x" for r in rates)
+                )
+            print(
+                f"client CPU: {base:.3f} ms per request + {per_tok * 1000:.3f} ms per 1,000 output tokens (one core: at most {1 / per_tok / 1000:.2f} M output tok/s);"
+                " '1-core limit' = 1000 / (CPU s per 1,000 requests)"
+            )
             print()
         if args.part in ("b", "both"):
             rates = [float(x) for x in args.server_rps.split(",")]
-            variants = [("short", build_requests(tokenizer, args.occupancy_requests, 256), short_template, c),
-                        ("long", build_requests(tokenizer, args.occupancy_long_requests, args.long_tokens), long_template, args.long_concurrency)]
+            variants = [
+                ("short", build_requests(tokenizer, args.occupancy_requests, 256), short_template, c),
+                (
+                    "long",
+                    build_requests(tokenizer, args.occupancy_long_requests, args.long_tokens),
+                    long_template,
+                    args.long_concurrency,
+                ),
+            ]
             port = free_port()
             occ: dict[str, list[dict]] = {name: [] for name, *_ in variants}
             breakdown = {}
@@ -349,22 +427,37 @@ def main() -> None:
                 for _ in range(args.repeats):
                     for name, reqs, template, conc in variants:
                         occ[name].append(occupancy_run(url, template, reqs, tmp, conc))
-                for name, reqs, template, conc in variants:
-                    breakdown[name] = cpu_breakdown(url, GenerateClient([url], template, ClientSettings()), reqs[0], tmp)
-            print(f"(b) occupancy, added latency {args.latency_ms} ms (uniform), median of {args.repeats}; the window is the time while requests remain queued")
-            print(f"{'answers':16}{'conc.':>6}{'requests':>9}{'window s':>9}{'req/s':>7}{'client CPU':>11}  {'view':31}{'share at c':>11}{'mean/c':>9}{'gap ms/req':>11}"
-                  + "".join(f"{f'at {r:g} req/s':>13}" for r in rates))
-            for name, reqs, template, conc in variants:
-                med = lambda k: statistics.median(r[k] for r in occ[name])  # noqa: E731
+                for name, reqs, template, _conc in variants:
+                    breakdown[name] = cpu_breakdown(
+                        url, GenerateClient([url], template, ClientSettings.from_config()), reqs[0], tmp
+                    )
+            print(
+                f"(b) occupancy, added latency {args.latency_ms} ms (uniform), median of {args.repeats}; the window is the time while requests remain queued"
+            )
+            print(
+                f"{'answers':16}{'conc.':>6}{'requests':>9}{'window s':>9}{'req/s':>7}{'client CPU':>11}  {'view':31}{'share at c':>11}{'mean/c':>9}{'gap ms/req':>11}"
+                + "".join(f"{f'at {r:g} req/s':>13}" for r in rates)
+            )
+            for name, reqs, _template, conc in variants:
+                med = lambda k, name=name: statistics.median(r[k] for r in occ[name])  # noqa: E731
                 label = "short (<=256)" if name == "short" else f"long ({args.long_tokens})"
                 head = f"{label:16}{conc:>6}{len(reqs):>9}{med('window_s'):>9.1f}{med('rps'):>7.0f}{med('cpu_share'):>11.0%}  "
                 for view, key in (("client counter, time-weighted", "counter"), ("on the wire, time-weighted", "wire")):
                     gap = med(key + "_gap_ms")
-                    print(f"{head}{view:31}{med(key):>11.2%}{med(key + '_mean'):>9.3%}{gap:>11.3f}" + "".join(f"{max(0.0, 1 - r * gap / 1000):>13.2%}" for r in rates))
+                    print(
+                        f"{head}{view:31}{med(key):>11.2%}{med(key + '_mean'):>9.3%}{gap:>11.3f}"
+                        + "".join(f"{max(0.0, 1 - r * gap / 1000):>13.2%}" for r in rates)
+                    )
                     head = " " * len(head)
-                print(f"{head}{'client counter, sampled 5 ms':31}{med('sampled'):>11.2%}   ({med('samples'):.0f} samples, median {med('late_ms'):.1f} ms late)")
-                print(f"{head}journal: {med('journal_ms'):.3f} ms per append on average; {med('syncs'):.0f} fsyncs of {med('fsync_ms'):.2f} ms, run in a thread, off the event loop")
-            print("goal: share at c >= 99 %. 'at R req/s' = 1 - R x gap: the share expected when a server finishes R requests/s")
+                print(
+                    f"{head}{'client counter, sampled 5 ms':31}{med('sampled'):>11.2%}   ({med('samples'):.0f} samples, median {med('late_ms'):.1f} ms late)"
+                )
+                print(
+                    f"{head}journal: {med('journal_ms'):.3f} ms per append on average; {med('syncs'):.0f} fsyncs of {med('fsync_ms'):.2f} ms, run in a thread, off the event loop"
+                )
+            print(
+                "goal: share at c >= 99 %. 'at R req/s' = 1 - R x gap: the share expected when a server finishes R requests/s"
+            )
             print()
             print("client CPU per request, by step (one real answer, median of 200 runs, ms):")
             names = [k for k in breakdown["short"] if k not in ("n_output", "answer_kb")]
@@ -372,6 +465,7 @@ def main() -> None:
             for name, b in breakdown.items():
                 label = "short (<=256)" if name == "short" else f"long ({args.long_tokens})"
                 print(f"{label:16}{b['n_output']:>8}{b['answer_kb']:>11.1f}" + "".join(f"{b[n]:>28.3f}" for n in names))
+
 
 if __name__ == "__main__":
     main()

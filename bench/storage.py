@@ -31,12 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from eagle3_datagen.export import DATASET_SCHEMA, dataset_row, write_jsonl  # noqa: E402
-from eagle3_datagen.fixtures import qwen3_tokenizer_dir  # noqa: E402
+from check_parsers import real_text  # noqa: E402  (bench/ is on the path of a bench script)
+from eagle3_datagen.demo_model import qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.export_dataset import DATASET_SCHEMA, dataset_row, write_jsonl  # noqa: E402
 from eagle3_datagen.settings import ModelProfile  # noqa: E402
 from eagle3_datagen.tables import GENERATIONS_SCHEMA, write_table  # noqa: E402
 from eagle3_datagen.templating import ChatTokenizer  # noqa: E402
-from parser_check import real_text  # noqa: E402  (bench/ is on the path of a bench script)
 
 
 def synthesize(tok, n_rows: int, prompt_tokens: int, seed: int = 0) -> list[dict]:
@@ -45,11 +45,17 @@ def synthesize(tok, n_rows: int, prompt_tokens: int, seed: int = 0) -> list[dict
     tid = tok.convert_tokens_to_ids
     think, end, stop = tid("<think>"), tid("</think>"), tid("<|im_end|>")
     newlines = tok.backend_tokenizer.encode("\n\n", add_special_tokens=False).ids
-    profile = ModelProfile(name="qwen3", tokenizer="", context_length=40960, chat_template_kwargs={"enable_thinking": True})
+    profile = ModelProfile(
+        name="qwen3", tokenizer="", context_length=40960, chat_template_kwargs={"enable_thinking": True}
+    )
     starts = [rng.randrange(len(stream) - prompt_tokens) for _ in range(n_rows)]
     questions = [tok.decode(stream[s : s + prompt_tokens - 20]) for s in starts]
-    prompts = ChatTokenizer(tok, profile).tokenize([[{"role": "user", "content": q}] for q in questions], [None] * n_rows)
-    sampling = json.dumps({"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "repetition_penalty": 1.0}, sort_keys=True)
+    prompts = ChatTokenizer(tok, profile).tokenize(
+        [[{"role": "user", "content": q}] for q in questions], [None] * n_rows
+    )
+    sampling = json.dumps(
+        {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "repetition_penalty": 1.0}, sort_keys=True
+    )
     rows = []
     for i in range(n_rows):
         n_out = rng.randint(1000, 4000)
@@ -110,10 +116,14 @@ def main() -> int:
                 seconds[name].append(time.perf_counter() - t0)
                 sizes[name] = path.stat().st_size
     base = sizes["generations Parquet (zstd)"]
-    print(f"{len(rows)} rows: {n_prompt / len(rows):.0f} prompt + {n_output / len(rows):.0f} output tokens per row on average, {tokens / 1e6:.2f} M tokens")
+    print(
+        f"{len(rows)} rows: {n_prompt / len(rows):.0f} prompt + {n_output / len(rows):.0f} output tokens per row on average, {tokens / 1e6:.2f} M tokens"
+    )
     print(f"{'store':28}{'MiB':>9}{'bytes/token':>13}{'vs Parquet':>12}{'write s':>9}")
     for name in writers:
-        print(f"{name:28}{sizes[name] / 2**20:>9.1f}{sizes[name] / tokens:>13.2f}{sizes[name] / base:>11.2f}x{statistics.median(seconds[name]):>9.2f}")
+        print(
+            f"{name:28}{sizes[name] / 2**20:>9.1f}{sizes[name] / tokens:>13.2f}{sizes[name] / base:>11.2f}x{statistics.median(seconds[name]):>9.2f}"
+        )
     print(f"raw int32 ids for reference: 4.00 bytes/token; write s: median of {args.repeats}")
     return 0
 

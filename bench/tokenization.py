@@ -34,11 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from eagle3_datagen import fixtures  # noqa: E402
-from eagle3_datagen.prompt_table import build_prompt_rows  # noqa: E402
+from eagle3_datagen import demo_model as fixtures  # noqa: E402
 from eagle3_datagen.prompts import PromptRow, read_prompts  # noqa: E402
 from eagle3_datagen.settings import Budget, ModelProfile  # noqa: E402
 from eagle3_datagen.templating import ChatTokenizer, TextOnlyEncoder, group_by_tools  # noqa: E402
+from eagle3_datagen.tokenize_prompts import build_prompt_rows  # noqa: E402
 
 
 def kimi_tokenizer_path() -> Path:
@@ -52,10 +52,24 @@ def kimi_tokenizer_path() -> Path:
 def profiles() -> dict:
     kimi, qwen = kimi_tokenizer_path(), fixtures.qwen3_tokenizer_dir()
     return {
-        "kimi": ModelProfile(name="kimi", tokenizer=str(kimi), context_length=131072, chat_template_kwargs={"thinking": True},
-                             prompt_suffix=("<think>",), reasoning_end="</think>", stop_tokens=("<|im_end|>",), prompt_only_tokens=("<think>",)),
-        "qwen3": ModelProfile(name="qwen3", tokenizer=str(qwen), context_length=40960, chat_template_kwargs={"enable_thinking": True},
-                              reasoning_end="</think>", stop_tokens=("<|im_end|>", "<|endoftext|>")),
+        "kimi": ModelProfile(
+            name="kimi",
+            tokenizer=str(kimi),
+            context_length=131072,
+            chat_template_kwargs={"thinking": True},
+            prompt_suffix=("<think>",),
+            reasoning_end="</think>",
+            stop_tokens=("<|im_end|>",),
+            prompt_only_tokens=("<think>",),
+        ),
+        "qwen3": ModelProfile(
+            name="qwen3",
+            tokenizer=str(qwen),
+            context_length=40960,
+            chat_template_kwargs={"enable_thinking": True},
+            reasoning_end="</think>",
+            stop_tokens=("<|im_end|>", "<|endoftext|>"),
+        ),
     }
 
 
@@ -78,12 +92,16 @@ def conversations(n: int, seed: int = 0) -> list[PromptRow]:
 def floor(tok, profile: ModelProfile, groups: list[tuple[list, list]]) -> float:
     t0 = time.perf_counter()
     for convs, tools in groups:
-        texts = tok.apply_chat_template(convs, tools=tools, add_generation_prompt=True, tokenize=False, **profile.chat_template_kwargs)
+        texts = tok.apply_chat_template(
+            convs, tools=tools, add_generation_prompt=True, tokenize=False, **profile.chat_template_kwargs
+        )
         tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
     return time.perf_counter() - t0
 
 
-def pipeline(tok, profile: ModelProfile, rows: list[PromptRow], chat: ChatTokenizer | None = None) -> tuple[float, list]:
+def pipeline(
+    tok, profile: ModelProfile, rows: list[PromptRow], chat: ChatTokenizer | None = None
+) -> tuple[float, list]:
     chat = chat or ChatTokenizer(tok, profile)
     t0 = time.perf_counter()
     out = chat.tokenize([r.messages for r in rows], [r.tools for r in rows])
@@ -93,13 +111,29 @@ def pipeline(tok, profile: ModelProfile, rows: list[PromptRow], chat: ChatTokeni
 def table_step(tok, profile: ModelProfile, rows: list[PromptRow]) -> float:
     t0 = time.perf_counter()
     chat = ChatTokenizer(tok, profile)
-    build_prompt_rows(rows, chat, profile=profile, budget=Budget(max_new_tokens=32768, min_new_tokens=256, reserve_tokens=2), category="bench")
+    build_prompt_rows(
+        rows,
+        chat,
+        profile=profile,
+        budget=Budget(max_new_tokens=32768, min_new_tokens=256, reserve_tokens=2),
+        category="bench",
+    )
     return time.perf_counter() - t0
 
 
 def naive(tok, profile: ModelProfile, rows: list[PromptRow]) -> tuple[float, list]:
     t0 = time.perf_counter()
-    out = [tok.apply_chat_template(r.messages, tools=r.tools, add_generation_prompt=True, tokenize=True, return_dict=False, **profile.chat_template_kwargs) for r in rows]
+    out = [
+        tok.apply_chat_template(
+            r.messages,
+            tools=r.tools,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            **profile.chat_template_kwargs,
+        )
+        for r in rows
+    ]
     return time.perf_counter() - t0, out
 
 
@@ -113,14 +147,27 @@ def main() -> int:
 
     rows = conversations(args.rows)
     n_tools = sum(bool(r.tools) for r in rows)
-    print(f"{len(rows)} conversations from the demo prompt files, {n_tools} ({n_tools / len(rows):.0%}) with tools; median of {args.repeats}")
-    print(f"{'tokenizer':10}{'prompt tok':>11}{'step':>21}{'seconds':>9}{'(min-max)':>13}{'prompts/s':>11}{'vs floor':>10}")
+    print(
+        f"{len(rows)} conversations from the demo prompt files, {n_tools} ({n_tools / len(rows):.0%}) with tools; median of {args.repeats}"
+    )
+    print(
+        f"{'tokenizer':10}{'prompt tok':>11}{'step':>21}{'seconds':>9}{'(min-max)':>13}{'prompts/s':>11}{'vs floor':>10}"
+    )
     for name, profile in profiles().items():
         if args.model not in (name, "both"):
             continue
         tok = AutoTokenizer.from_pretrained(profile.tokenizer)
-        groups = [([rows[i].messages for i in idx], rows[idx[0]].tools) for idx in group_by_tools([r.tools for r in rows]).values()]
-        times: dict[str, list[float]] = {"floor": [], "ChatTokenizer warm": [], "ChatTokenizer cold": [], "build_prompt_rows": [], "naive loop": []}
+        groups = [
+            ([rows[i].messages for i in idx], rows[idx[0]].tools)
+            for idx in group_by_tools([r.tools for r in rows]).values()
+        ]
+        times: dict[str, list[float]] = {
+            "floor": [],
+            "ChatTokenizer warm": [],
+            "ChatTokenizer cold": [],
+            "build_prompt_rows": [],
+            "naive loop": [],
+        }
         warm = ChatTokenizer(tok, profile)
         pipeline(tok, profile, rows[:200], warm)  # warm-up: template compilation, caches, the text-only encoder
         text_only = []
@@ -141,11 +188,21 @@ def main() -> int:
         base = statistics.median(times["floor"])
         for step, ts in times.items():
             s = statistics.median(ts)
-            print(f"{name if step == 'floor' else '':10}{n_tokens if step == 'floor' else '':>11}{step:>21}{s:>9.2f}{f'({min(ts):.2f}-{max(ts):.2f})':>13}{len(rows) / s:>11.0f}{base / s:>9.2f}x")
-        print(f"{'':10}one-off: TextOnlyEncoder(tokenizer) {statistics.median(text_only):.2f} s, built by a ChatTokenizer at its first row with literal control text")
-        print(f"{'':10}ids: {mismatched} of {len(rows) - literal} rows differ from the naive loop ({literal} rows hold literal control text, encoded as text by ChatTokenizer)")
-    print("goal: ChatTokenizer >= 0.9x the floor. warm: one ChatTokenizer reused (the per-prompt cost); cold: a new one,")
-    print("as each tokenize_prompts job makes (per-prompt cost plus one-off set-up); build_prompt_rows: cold, the whole table step")
+            print(
+                f"{name if step == 'floor' else '':10}{n_tokens if step == 'floor' else '':>11}{step:>21}{s:>9.2f}{f'({min(ts):.2f}-{max(ts):.2f})':>13}{len(rows) / s:>11.0f}{base / s:>9.2f}x"
+            )
+        print(
+            f"{'':10}one-off: TextOnlyEncoder(tokenizer) {statistics.median(text_only):.2f} s, built by a ChatTokenizer at its first row with literal control text"
+        )
+        print(
+            f"{'':10}ids: {mismatched} of {len(rows) - literal} rows differ from the naive loop ({literal} rows hold literal control text, encoded as text by ChatTokenizer)"
+        )
+    print(
+        "goal: ChatTokenizer >= 0.9x the floor. warm: one ChatTokenizer reused (the per-prompt cost); cold: a new one,"
+    )
+    print(
+        "as each tokenize_prompts job makes (per-prompt cost plus one-off set-up); build_prompt_rows: cold, the whole table step"
+    )
     return 0
 
 

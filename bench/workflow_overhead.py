@@ -57,7 +57,9 @@ def dry_run(path: Path) -> tuple[float, int]:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"snakemake -n failed in {path} ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"snakemake -n failed in {path} ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     jobs = 0
     for line in (proc.stdout + proc.stderr).splitlines():
         parts = line.split()
@@ -89,8 +91,12 @@ def main() -> int:
     print(f"{'categories':>11}{'jobs':>7}{'seconds':>9}{'(min-max)':>14}{'vs 1 category':>15}")
     for name, n in (("one", 1), ("many", args.categories)):
         ts = times[name]
-        print(f"{n:>11}{jobs[name]:>7}{statistics.median(ts):>9.2f}{f'({min(ts):.2f}-{max(ts):.2f})':>14}{statistics.median(ts) / t_one:>14.2f}x")
-    print(f"per category: {per * 1000:.0f} ms ({(t_many - t_one) / max(jobs['many'] - jobs['one'], 1) * 1000:.1f} ms per planned job)")
+        print(
+            f"{n:>11}{jobs[name]:>7}{statistics.median(ts):>9.2f}{f'({min(ts):.2f}-{max(ts):.2f})':>14}{statistics.median(ts) / t_one:>14.2f}x"
+        )
+    print(
+        f"per category: {per * 1000:.0f} ms ({(t_many - t_one) / max(jobs['many'] - jobs['one'], 1) * 1000:.1f} ms per planned job)"
+    )
     return 0
 
 

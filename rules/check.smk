@@ -1,27 +1,27 @@
 rule check_sequences:
     input:
-        generations="results/generations/{category}.parquet",
-        prompts="results/prompts/{category}.parquet",
+        generations=P["generations"],
+        prompts=P["prompts"],
     output:
-        report="results/checks/{category}.sequences.json",
+        sequence_report=P["sequence_report"],
     log:
         "logs/check_sequences/{category}.log",
     localrule: True
     conda:
         "../envs/pipeline.yaml"
     params:
-        model=config["model"],
+        model=get_param("model"),
     script:
         "../scripts/check_sequences.py"
 
 
 rule check_parsers:
     input:
-        generations="results/generations/{category}.parquet",
-        prompts="results/prompts/{category}.parquet",
+        generations=P["generations"],
+        prompts=P["prompts"],
     output:
-        rows="results/checks/{category}.parquet",
-        counts="results/checks/{category}.json",
+        verdicts=P["verdicts"],
+        verdict_counts=P["verdict_counts"],
     log:
         "logs/check_parsers/{category}.log",
     benchmark:
@@ -30,6 +30,6 @@ rule check_parsers:
     conda:
         "../envs/pipeline.yaml"
     params:
-        model=config["model"],
+        model=get_param("model"),
     script:
         "../scripts/check_parsers.py"

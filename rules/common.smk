@@ -6,6 +6,7 @@ from snakemake.utils import validate
 sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
 
 from eagle3_datagen import workflow as wf
+from eagle3_datagen.layout import PATHS as P
 
 validate(config, "../schemas/config.schema.yaml")
 wf.check_engine(config["engine"])
@@ -18,7 +19,6 @@ wf.validate_sheet(
 )
 
 CATEGORIES = list(sheet["category"])
-DEMO_MODEL = "resources/demo_model"
 
 
 wildcard_constraints:
@@ -38,19 +38,23 @@ def get_tokenizer_files(wildcards):
     return f"{config['model']['tokenizer']}/tokenizer_config.json"
 
 
-def get_engine_files(wildcards):
+def get_model_weights(wildcards):
+    """The local model's weights, when the local engine serves a model (they are part of its fingerprint)."""
     engine = config["engine"]
     if engine["kind"] == "local" and engine["local"]["backend"] == "model":
         return f"{engine['local']['model_dir']}/model.safetensors"
     return []
 
 
-def get_tokenize_params(wildcards):
-    return wf.tokenize_params(config, get_category(wildcards))
+def get_param(name):
+    """A rule param, computed for the job's category by workflow.PARAMS (as the scripts' -h does)."""
 
+    def value(wildcards):
+        category = getattr(wildcards, "category", None)
+        return wf.param(name, config, get_category(wildcards) if category else None)
 
-def get_generate_params(wildcards):
-    return wf.generate_params(config, get_category(wildcards))
+    value.__name__ = f"get_{name}"
+    return value
 
 
 def get_generate_gpus(wildcards, input):
@@ -76,16 +80,12 @@ def get_generate_runtime(wildcards):
 
 def get_shard_files(wildcards):
     shards = wf.shard_count(get_category(wildcards))
-    return expand(
-        "results/generations/{category}/shard_{shard}.parquet",
-        category=wildcards.category,
-        shard=range(shards),
-    )
+    return expand(P["shard_generations"], category=wildcards.category, shard=range(shards))
 
 
 def get_all_plan_files(wildcards):
     return [
-        f"results/plan/{category}/shard_{shard}.json"
+        P["plan"].format(category=category, shard=shard)
         for category in CATEGORIES
         for shard in range(wf.shard_count(wf.category_row(sheet, category)))
     ]

@@ -1,28 +1,28 @@
 rule export_dataset:
     input:
-        generations="results/generations/{category}.parquet",
+        generations=P["generations"],
         # The gate: nothing is exported before its sequences passed the checks.
-        checked="results/checks/{category}.sequences.json",
+        sequence_report=P["sequence_report"],
     output:
-        jsonl="results/dataset/{category}.jsonl",
-        parquet="results/dataset/{category}.parquet",
-        rejected="results/dataset/{category}.rejected.jsonl",
+        dataset=P["dataset"],
+        dataset_parquet=P["dataset_parquet"],
+        rejected=P["rejected"],
     log:
         "logs/export_dataset/{category}.log",
     localrule: True
     conda:
         "../envs/pipeline.yaml"
     params:
-        export=config.get("export", {}),
+        export=get_param("export"),
     script:
         "../scripts/export_dataset.py"
 
 
 rule merge_dataset:
     input:
-        datasets=expand("results/dataset/{category}.jsonl", category=CATEGORIES),
+        dataset=expand(P["dataset"], category=CATEGORIES),
     output:
-        train="results/dataset/train.jsonl",
+        train=P["train"],
     log:
         "logs/merge_dataset.log",
     localrule: True

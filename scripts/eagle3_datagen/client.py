@@ -117,7 +117,9 @@ def parse_response(data, req: Request, vocab_size: int) -> dict:
         bad = [t for t in output_ids if not 0 <= t < vocab_size]
         raise RetryableError(f"malformed response: output ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
     if len(output_ids) > req.max_new_tokens:
-        raise RetryableError(f"malformed response: {len(output_ids)} output tokens, more than max_new_tokens {req.max_new_tokens}")
+        raise RetryableError(
+            f"malformed response: {len(output_ids)} output tokens, more than max_new_tokens {req.max_new_tokens}"
+        )
     matched = finish.get("matched")
     return {
         "output_ids": output_ids,
@@ -213,9 +215,11 @@ class GenerateClient:
         timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout(req.max_new_tokens))
         self.in_flight += 1
         try:
-            async with session.post(f"{self._url()}/generate", json=body, timeout=timeout, headers=self.headers) as resp:
+            async with session.post(
+                f"{self._url()}/generate", json=body, timeout=timeout, headers=self.headers
+            ) as resp:
                 return resp.status, await resp.text()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RetryableError(f"timed out after {timeout.total:.0f} s") from None
         except aiohttp.ClientError as exc:
             raise RetryableError(f"connection error: {type(exc).__name__}: {exc}") from None
@@ -234,7 +238,13 @@ class GenerateClient:
             raise RetryableError(f"malformed response: invalid JSON: {text[:200]!r}") from None
         return parse_response(data, req, self.template.vocab_size)
 
-    async def generate_one(self, session: aiohttp.ClientSession, req: Request, progress: Progress | None = None, slots: asyncio.Semaphore | None = None) -> dict:
+    async def generate_one(
+        self,
+        session: aiohttp.ClientSession,
+        req: Request,
+        progress: Progress | None = None,
+        slots: asyncio.Semaphore | None = None,
+    ) -> dict:
         """Send one row until it succeeds, fails finally, or runs out of retries.
 
         With `slots`, it is called holding one slot and gives it back the moment the server has
@@ -283,7 +293,11 @@ class GenerateClient:
                     await asyncio.sleep(delay)
         finally:
             release()
-        return {"status": "failed", "error": f"gave up after {self.settings.max_retries + 1} attempts: {last_error}", "attempts": self.settings.max_retries + 1}
+        return {
+            "status": "failed",
+            "error": f"gave up after {self.settings.max_retries + 1} attempts: {last_error}",
+            "attempts": self.settings.max_retries + 1,
+        }
 
     async def run(self, requests: list[Request], journal: Journal | None = None) -> dict[tuple[str, int], dict]:
         """Generate every request, `concurrency` in flight; results (ok or failed) are journalled as they finish."""
@@ -301,7 +315,9 @@ class GenerateClient:
             result = await self.generate_one(session, req, progress, slots)
             results[req.key] = result
             if journal is not None:
-                journal.append({"id": req.id, "sample_index": req.sample_index, "fingerprint": req.fingerprint, **result})
+                journal.append(
+                    {"id": req.id, "sample_index": req.sample_index, "fingerprint": req.fingerprint, **result}
+                )
                 if journal.sync_due() and not syncing:
                     syncing = True  # fsync off the event loop, one at a time
                     try:
@@ -354,9 +370,7 @@ def check_server_info(info: dict, *, context_length: int, url: str) -> list[str]
     """Start-up checks of /get_server_info against the config. Raises on what would corrupt data."""
     warnings = []
     if info.get("allow_auto_truncate"):
-        raise RuntimeError(
-            f"{url} runs with --allow-auto-truncate: it would silently cut prompts; refusing to use it"
-        )
+        raise RuntimeError(f"{url} runs with --allow-auto-truncate: it would silently cut prompts; refusing to use it")
     server_context = info.get("context_length")
     if server_context is not None and int(server_context) < context_length:
         raise RuntimeError(

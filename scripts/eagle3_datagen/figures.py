@@ -1,8 +1,12 @@
-"""The report's figures: lengths, parser-check verdicts, reasoning share, finish reasons."""
+"""The report's figures: lengths, parser-check verdicts, reasoning share, finish reasons; plot_checks."""
 
+import logging
 from pathlib import Path
 
-from .parser_check import VERDICTS
+from .check_parsers import VERDICTS
+from .tables import read_provenance, read_rows
+
+log = logging.getLogger(__name__)
 
 
 def _pyplot():
@@ -67,7 +71,12 @@ def plot_token_share(verdicts: dict[str, list[dict]], path: Path) -> None:
     answer = [sum(r["n_answer_tokens"] for r in verdicts[c]) for c in categories]
     totals = [max(a + b, 1) for a, b in zip(reasoning, answer)]
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(categories)))
-    _stacked(ax, categories, {"reasoning": [a / t for a, t in zip(reasoning, totals)], "answer": [b / t for b, t in zip(answer, totals)]}, xlabel="share of output tokens")
+    _stacked(
+        ax,
+        categories,
+        {"reasoning": [a / t for a, t in zip(reasoning, totals)], "answer": [b / t for b, t in zip(answer, totals)]},
+        xlabel="share of output tokens",
+    )
     ax.set_title("Reasoning vs answer tokens")
     _save(fig, path)
 
@@ -83,10 +92,35 @@ def plot_finish_reasons(generations: dict[str, list[dict]], reasoning_end_id: in
         ok = [r for r in rows if r["status"] == "ok"]
         truncated = [r for r in ok if r["finish_type"] == "length"]
         inside = sum(reasoning_end_id is not None and reasoning_end_id not in r["output_ids"] for r in truncated)
-        values = (len(ok) - len(truncated), len(truncated) - inside, inside, sum(r["status"] == "failed" for r in rows), sum(r["status"] == "skipped" for r in rows))
+        values = (
+            len(ok) - len(truncated),
+            len(truncated) - inside,
+            inside,
+            sum(r["status"] == "failed" for r in rows),
+            sum(r["status"] == "skipped" for r in rows),
+        )
         for n, v in zip(names, values):
             series[n].append(v)
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(categories)))
     _stacked(ax, categories, series, xlabel="rows")
     ax.set_title("Finish reasons")
     _save(fig, path)
+
+
+def plot_checks(
+    *,
+    categories: list[str],
+    verdicts: list[Path],
+    generations: list[Path],
+    verdicts_png: Path,
+    token_share_png: Path,
+    finish_reasons_png: Path,
+) -> None:
+    """Draw the parser-check verdicts, reasoning share and finish reasons of every category."""
+    by_category = {c: read_rows(p) for c, p in zip(categories, verdicts)}
+    gens = {c: read_rows(p) for c, p in zip(categories, generations)}
+    # The id of the reasoning end token, as tokenize_prompts read it from the tokenizer.
+    reasoning_end = read_provenance(generations[0])["prompts"]["reasoning_end_id"] if generations else None
+    plot_verdicts(by_category, verdicts_png)
+    plot_token_share(by_category, token_share_png)
+    plot_finish_reasons(gens, reasoning_end, finish_reasons_png)

@@ -20,7 +20,15 @@ log = logging.getLogger(__name__)
 
 
 class Journal:
-    def __init__(self, path: str | Path, *, sync_every: int = 64, sync_interval_s: float = 2.0, read_only: bool = False, also_read=()):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        sync_every: int = 64,
+        sync_interval_s: float = 2.0,
+        read_only: bool = False,
+        also_read=(),
+    ):
         """`also_read`: other journals of the same category (other shards, earlier shard counts)
         whose ok entries are reused; only `path` is ever written or repaired."""
         self.path = Path(path)
@@ -89,7 +97,9 @@ class Journal:
     def sync_due(self) -> bool:
         """Time for an fsync: after `sync_every` entries or `sync_interval_s` seconds (the caller
         syncs, so that an event loop can do it off its thread)."""
-        return bool(self._unsynced) and (self._unsynced >= self.sync_every or time.monotonic() - self._last_sync >= self.sync_interval_s)
+        return bool(self._unsynced) and (
+            self._unsynced >= self.sync_every or time.monotonic() - self._last_sync >= self.sync_interval_s
+        )
 
     def sync(self) -> None:
         if self._unsynced and self._fh is not None and not self._fh.closed:

@@ -138,7 +138,9 @@ def parse_reasoning(text: str, *, parser: str, version, force_reasoning: bool | 
     return reasoning, normal
 
 
-def chat_force_reasoning(parser: str, version, chat_template_kwargs: dict | None, chat_template: str | None = None) -> bool:
+def chat_force_reasoning(
+    parser: str, version, chat_template_kwargs: dict | None, chat_template: str | None = None
+) -> bool:
     """The `force_reasoning` that `serving_chat` passes to the reasoning parser for a request.
 
     `template_manager.force_reasoning or _get_reasoning_from_request(request)`:

@@ -71,7 +71,9 @@ def _normalize_message(raw, index: int, sharegpt: bool) -> dict:
     if sharegpt:
         speaker = raw.get("from")
         if speaker not in SHAREGPT_ROLES:
-            raise RowError(f"{where}.from", f"unknown speaker {speaker!r} (expected one of {', '.join(SHAREGPT_ROLES)})")
+            raise RowError(
+                f"{where}.from", f"unknown speaker {speaker!r} (expected one of {', '.join(SHAREGPT_ROLES)})"
+            )
         message = {"role": SHAREGPT_ROLES[speaker], "content": raw.get("value")}
         content_field = f"{where}.value"
         for key in ("tool_calls", "tool_call_id", "name", "reasoning_content"):
@@ -81,7 +83,11 @@ def _normalize_message(raw, index: int, sharegpt: bool) -> dict:
         role = raw.get("role")
         if role not in ROLES:
             raise RowError(f"{where}.role", f"unknown role {role!r} (expected one of {', '.join(ROLES)})")
-        message = {k: v for k, v in raw.items() if k in ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")}
+        message = {
+            k: v
+            for k, v in raw.items()
+            if k in ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")
+        }
         content_field = f"{where}.content"
     role = message["role"]
     text = _content_text(message.get("content"), content_field)
@@ -90,8 +96,13 @@ def _normalize_message(raw, index: int, sharegpt: bool) -> dict:
     if tool_calls is not None:
         if role != "assistant":
             raise RowError(f"{where}.tool_calls", f"only assistant messages carry tool_calls, not {role}")
-        if not isinstance(tool_calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in tool_calls):
-            raise RowError(f"{where}.tool_calls", "expected a list of {'id', 'type': 'function', 'function': {'name', 'arguments'}}")
+        if not isinstance(tool_calls, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("function"), dict) for c in tool_calls
+        ):
+            raise RowError(
+                f"{where}.tool_calls",
+                "expected a list of {'id', 'type': 'function', 'function': {'name', 'arguments'}}",
+            )
     if role in ("system", "user", "tool") and not text.strip():
         raise RowError(content_field, "empty content")
     if role == "assistant" and not text.strip() and not tool_calls:
@@ -108,7 +119,12 @@ def normalize_row(obj, *, source: str) -> PromptRow:
     raw_id = obj.get("id")
     if raw_id is None:
         row_id = "sha256-" + stable_hash(obj)[:16]
-    elif isinstance(raw_id, (str, int)) and not isinstance(raw_id, bool) and str(raw_id).strip() and "\n" not in str(raw_id):
+    elif (
+        isinstance(raw_id, (str, int))
+        and not isinstance(raw_id, bool)
+        and str(raw_id).strip()
+        and "\n" not in str(raw_id)
+    ):
         row_id = str(raw_id)
     else:
         raise RowError("id", f"expected a non-empty single-line string or integer, got {raw_id!r}")
@@ -187,7 +203,9 @@ def read_prompts(path: str | Path) -> list[PromptRow]:
             row = normalize_row(obj, source=source)
         except RowError as exc:
             raw_id = obj.get("id") if isinstance(obj, dict) else None
-            row_id = str(raw_id) if isinstance(raw_id, (str, int)) and str(raw_id).strip() else f"{path.stem}-line-{number}"
+            row_id = (
+                str(raw_id) if isinstance(raw_id, (str, int)) and str(raw_id).strip() else f"{path.stem}-line-{number}"
+            )
             rows.append(PromptRow(id=row_id, source=source, reason=f"{source}: {exc}"))
             continue
         if row.id in first_seen:

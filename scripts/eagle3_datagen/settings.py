@@ -1,13 +1,55 @@
 """Typed views of the validated config: the model profile, sampling, client and export settings.
 
-The config is validated against `schemas/config.schema.yaml` before anything reads it; these classes
-only give the validated dict names and types, so that library code never indexes raw dicts.
+The config is validated against `schemas/config.schema.yaml` before anything reads it, and the
+schema is the one place that holds defaults: validation fills them in, and `defaults()` reads them for
+code that builds a settings object from part of a config (tests, benchmarks). These classes only give
+the validated dict names and types, so that library code never indexes raw dicts.
 """
 
+import copy
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+
+
+@functools.cache
+def schema() -> dict:
+    import yaml
+
+    with open(SCHEMA_PATH) as fh:
+        return yaml.safe_load(fh)
+
+
+def _node(path: tuple[str, ...]) -> dict:
+    node = schema()
+    for key in path:
+        node = node["properties"][key]
+    return node
+
+
+def fill_defaults(instance: dict, node: dict) -> dict:
+    """Fill the schema's defaults into `instance` (in place, nested objects too) and return it."""
+    for key, sub in node.get("properties", {}).items():
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        if isinstance(instance.get(key), dict) and "properties" in sub:
+            fill_defaults(instance[key], sub)
+    return instance
+
+
+def defaults(*path: str, **given: Any) -> dict:
+    """The object at `path` of the config (e.g. "client"), with `given` values and the schema's defaults."""
+    return fill_defaults(dict(given), _node(path))
+
+
+# The SGLang version whose wire format the local engine speaks and whose parser semantics apply
+# unless the model profile names another one; written once, as the schema's default.
+SGLANG_VERSION: str = _node(("model", "sglang_version"))["default"]
 
 # Sampling keys the pipeline sends on every request. SGLang's /generate applies none of the model's
 # generation_config defaults, so every one of these is always explicit.
@@ -29,10 +71,11 @@ class ModelProfile:
     prompt_only_tokens: tuple = ()
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
-    sglang_version: str = "0.5.23"
+    sglang_version: str = SGLANG_VERSION
 
     @classmethod
     def from_config(cls, model: dict) -> "ModelProfile":
+        model = defaults("model", **model)
         return cls(
             name=model["name"],
             tokenizer=str(model["tokenizer"]),
@@ -45,7 +88,7 @@ class ModelProfile:
             prompt_only_tokens=tuple(model.get("prompt_only_tokens") or ()),
             reasoning_parser=model.get("reasoning_parser"),
             tool_call_parser=model.get("tool_call_parser"),
-            sglang_version=str(model.get("sglang_version", "0.5.23")),
+            sglang_version=str(model.get("sglang_version", SGLANG_VERSION)),
         )
 
 
@@ -54,23 +97,25 @@ class Budget:
     """How many new tokens a row may ask for (DESIGN §3)."""
 
     max_new_tokens: int
-    min_new_tokens: int = 1
-    reserve_tokens: int = 0
+    min_new_tokens: int
+    reserve_tokens: int
 
 
 @dataclass(frozen=True)
 class ClientSettings:
-    concurrency: int = 16
-    max_retries: int = 5
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 30.0
-    request_timeout_floor_s: float = 60.0
-    request_timeout_per_token_s: float = 0.1
-    progress_interval_s: float = 10.0
+    """The generate client's settings (config key `client`; defaults in the schema)."""
+
+    concurrency: int
+    max_retries: int
+    backoff_initial_s: float
+    backoff_max_s: float
+    request_timeout_floor_s: float
+    request_timeout_per_token_s: float
+    progress_interval_s: float
 
     @classmethod
-    def from_config(cls, client: dict | None) -> "ClientSettings":
-        return cls(**(client or {}))
+    def from_config(cls, client: dict | None = None, **overrides: Any) -> "ClientSettings":
+        return cls(**defaults("client", **{**(client or {}), **overrides}))
 
     def request_timeout(self, max_new_tokens: int) -> float:
         """A long answer is slow, not stuck: the timeout grows with the row's token budget."""
@@ -98,4 +143,3 @@ def stable_hash(obj: Any) -> str:
     """sha256 of an object's canonical JSON: the same value always hashes the same."""
     blob = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-

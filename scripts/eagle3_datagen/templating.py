@@ -25,23 +25,44 @@ _MARK_RE = re.compile(f"{_MARK_OPEN}(\\d+){_MARK_CLOSE}")
 
 
 def load_tokenizer(profile: ModelProfile):
-    """The profile's Hugging Face tokenizer, loaded offline."""
-    from transformers import AutoTokenizer
+    """The profile's Hugging Face tokenizer, loaded offline.
 
+    The class named in tokenizer_config.json is loaded directly when transformers exports it, which is
+    what AutoTokenizer resolves to as well, without AutoTokenizer's import of torch (seconds per job);
+    tokenizers that ship their own code, or name no class, go through AutoTokenizer.
+    """
     path = Path(profile.tokenizer)
     if not path.exists():
         raise FileNotFoundError(f"model.tokenizer: tokenizer directory {path} does not exist")
     config_file = path / "tokenizer_config.json"
-    if not profile.trust_remote_code and config_file.exists():
+    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    auto_map = config.get("auto_map") or {}
+    if not profile.trust_remote_code and "AutoTokenizer" in auto_map:
         # transformers may quietly fall back to a built-in class instead of the tokenizer's own code,
         # which would tokenize differently from the model: refuse instead.
-        auto_map = json.loads(config_file.read_text()).get("auto_map") or {}
-        if "AutoTokenizer" in auto_map:
-            raise ValueError(
-                f"model.tokenizer: {path} ships its own tokenizer code ({auto_map['AutoTokenizer']}); "
-                "set model.trust_remote_code: true in the config if you trust it"
-            )
-    return AutoTokenizer.from_pretrained(str(path), trust_remote_code=profile.trust_remote_code)
+        raise ValueError(
+            f"model.tokenizer: {path} ships its own tokenizer code ({auto_map['AutoTokenizer']}); "
+            "set model.trust_remote_code: true in the config if you trust it"
+        )
+    cls = _exported_class(config.get("tokenizer_class")) if "AutoTokenizer" not in auto_map else None
+    if cls is None:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=profile.trust_remote_code)
+    return cls.from_pretrained(str(path))
+
+
+def _exported_class(name: str | None):
+    """The tokenizer class transformers exports under `name` (e.g. Qwen2Tokenizer), or None."""
+    if not name:
+        return None
+    import transformers
+
+    try:
+        cls = getattr(transformers, name)
+    except (AttributeError, ImportError):
+        return None
+    return cls if isinstance(cls, type) and hasattr(cls, "from_pretrained") else None
 
 
 def token_id(tokenizer, token: str) -> int:
@@ -70,6 +91,21 @@ def tokenizer_fingerprint(tokenizer) -> dict:
     }
 
 
+def token_facts(tokenizer, profile: ModelProfile) -> dict:
+    """What the later steps need to know of the tokenizer, read once by tokenize_prompts.
+
+    Planning, generation and the figures take these from the prompts table's provenance instead of
+    loading the tokenizer again; ids are read from the tokenizer, never hard-coded.
+    """
+    return {
+        **tokenizer_fingerprint(tokenizer),
+        "stop_token_ids": token_ids(tokenizer, profile.stop_tokens),
+        "prompt_suffix_ids": token_ids(tokenizer, profile.prompt_suffix),
+        "prompt_only_ids": token_ids(tokenizer, profile.prompt_only_tokens),
+        "reasoning_end_id": token_id(tokenizer, profile.reasoning_end) if profile.reasoning_end else None,
+    }
+
+
 class ControlText:
     """Finds spans of text that spell one of the tokenizer's added (control) tokens."""
 
@@ -81,7 +117,9 @@ class ControlText:
                 self._by_first.setdefault(s[0], []).append(s)
         self._lengths = {c: sorted({len(s) for s in group}, reverse=True) for c, group in self._by_first.items()}
         self._sets = {c: set(group) for c, group in self._by_first.items()}
-        self._first_re = re.compile("[" + "".join(re.escape(c) for c in self._by_first) + "]") if self._by_first else None
+        self._first_re = (
+            re.compile("[" + "".join(re.escape(c) for c in self._by_first) + "]") if self._by_first else None
+        )
 
     def spans(self, text: str) -> list[tuple[int, int]]:
         if self._first_re is None or not text:
@@ -168,7 +206,9 @@ class ChatTokenizer:
             protected.append(message)
         return protected
 
-    def render(self, conversations: list[list[dict]], tools: list | None, *, add_generation_prompt: bool = True) -> list[str]:
+    def render(
+        self, conversations: list[list[dict]], tools: list | None, *, add_generation_prompt: bool = True
+    ) -> list[str]:
         rendered = self.tokenizer.apply_chat_template(
             conversations,
             tools=tools,
@@ -190,7 +230,9 @@ class ChatTokenizer:
             self._text_only = TextOnlyEncoder(self.tokenizer)
         return self._text_only
 
-    def render_and_encode(self, conversations: list[list[dict]], tools: list | None, *, add_generation_prompt: bool = True) -> tuple[list[str], list[list[int]], list[bool]]:
+    def render_and_encode(
+        self, conversations: list[list[dict]], tools: list | None, *, add_generation_prompt: bool = True
+    ) -> tuple[list[str], list[list[int]], list[bool]]:
         """Render conversations that share one `tools` list and encode them in one batch.
 
         Returns the rendered texts (with marks where literal control text was cut out), the ids,

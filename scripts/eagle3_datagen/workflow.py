@@ -51,35 +51,49 @@ def category_row(sheet, category: str) -> dict:
     return {k: v for k, v in sheet.loc[category].to_dict().items() if v == v}  # drop NaN cells
 
 
-def tokenize_params(config: dict, category: dict) -> dict:
-    return {
-        "model": config["model"],
-        "budget": {
-            "max_new_tokens": max_new_tokens_for(config, category),
-            "min_new_tokens": int(config["min_new_tokens"]),
-            "reserve_tokens": int(config["reserve_tokens"]),
-        },
-        "samples_per_prompt": int(category.get("samples_per_prompt", config["samples_per_prompt"])),
-        "seed": int(config["seed"]),
-        "on_bad_rows": config.get("on_bad_rows", "quarantine"),
-    }
-
-
-def generate_params(config: dict, category: dict) -> dict:
-    return {
-        "model": config["model"],
-        "sampling": sampling_for(config, category),
-        "engine": config["engine"],
-        "client": config["client"],
-        "max_failed_share": float(config["max_failed_share"]),
-        "cache_dir": str(config["cache_dir"]),
-        "shards": shard_count(category),
-    }
-
-
 def shard_count(category: dict) -> int:
     """Generate jobs of a category: each its own server (and GPU job), so N nodes run N at once."""
     return int(category.get("shards", 1))
+
+
+def _budget(config: dict, category: dict) -> dict:
+    return {
+        "max_new_tokens": max_new_tokens_for(config, category),
+        "min_new_tokens": int(config["min_new_tokens"]),
+        "reserve_tokens": int(config["reserve_tokens"]),
+    }
+
+
+def _samples_per_prompt(config: dict, category: dict) -> int:
+    value = category.get("samples_per_prompt")
+    return int(value) if value is not None and value == value else int(config["samples_per_prompt"])
+
+
+# The params of every rule, by name: the rules take them from here (rules/common.smk: get_param),
+# and so does a script run by hand (runner). A category's values come from its row of the sheet;
+# without a row (a script run by hand without --category) the global values apply. Because each
+# rule declares exactly the params it reads, Snakemake reruns a job when one of them changes.
+PARAMS = {
+    "model": lambda config, category: config["model"],
+    "budget": _budget,
+    "samples_per_prompt": _samples_per_prompt,
+    "seed": lambda config, category: int(config["seed"]),
+    "on_bad_rows": lambda config, category: config["on_bad_rows"],
+    "sampling": sampling_for,
+    "engine": lambda config, category: config["engine"],
+    "client": lambda config, category: config["client"],
+    "max_failed_share": lambda config, category: float(config["max_failed_share"]),
+    "cache_dir": lambda config, category: str(config["cache_dir"]),
+    "shards": lambda config, category: shard_count(category),
+    "export": lambda config, category: config["export"],
+    "categories": lambda config, category: list(load_sheet(config["categories"])["category"]),
+    "demo_model": lambda config, category: config["demo_model"],
+}
+
+
+def param(name: str, config: dict, category: dict | None = None):
+    """The value of rule param `name` for one category (or for none)."""
+    return PARAMS[name](config, category or {})
 
 
 def load_config(path: str | Path, overrides: dict | None = None) -> dict:
@@ -100,23 +114,9 @@ def setup_logging(log_file: str | Path | None = None, level: int = logging.INFO)
         handlers: list[logging.Handler] = [logging.FileHandler(log_file)]
     else:
         handlers = [logging.StreamHandler(sys.stderr)]
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True)
-
-
-def cli_context(description: str, extra=None):
-    """Arguments shared by every entry point run by hand: the config file and the category."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--config", default="config/config.yaml", help="config file (default: %(default)s)")
-    parser.add_argument("--category", help="category name from the category sheet")
-    if extra is not None:
-        extra(parser)
-    args = parser.parse_args()
-    setup_logging()
-    config = load_config(args.config)
-    row = category_row(load_sheet(config["categories"]), args.category) if args.category else None
-    return args, config, row
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", handlers=handlers, force=True
+    )
 
 
 def generate_gpus(engine: dict, plan_file: str | Path) -> int:
@@ -126,21 +126,21 @@ def generate_gpus(engine: dict, plan_file: str | Path) -> int:
     if json.loads(Path(plan_file).read_text())["to_send"] == 0:
         return 0
     if engine["kind"] == "sglang":
-        return int(engine["sglang"].get("tp_size", 1))
+        return int(engine["sglang"]["tp_size"])
     if engine["kind"] == "local":
-        return int(engine["local"].get("gpus", 0))
+        return int(engine["local"]["gpus"])
     return 0
 
 
 def generate_job(engine: dict) -> dict:
-    """CPUs, memory and wall time of a generate job (defaults of schemas/config.schema.yaml)."""
-    job = engine.get("job") or {}
-    return {"cpus": int(job.get("cpus", 4)), "mem_mb": int(job.get("mem_mb", 16000)), "runtime": int(job.get("runtime", 1440))}
+    """CPUs, memory and wall time of a generate job (engine.job of the validated config)."""
+    job = engine["job"]
+    return {"cpus": int(job["cpus"]), "mem_mb": int(job["mem_mb"]), "runtime": int(job["runtime"])}
 
 
 def check_engine(engine: dict) -> None:
     """Refuse, before any job runs, an engine configuration that would corrupt data."""
-    from .lifecycle import check_extra_args
+    from .servers import check_extra_args
 
     if engine["kind"] == "sglang":
         if "sglang" not in engine:

@@ -8,7 +8,16 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from eagle3_datagen.client import FinalError, GenerateClient, Request, RequestTemplate, RetryableError, check_server_info, error_text, parse_response
+from eagle3_datagen.client import (
+    FinalError,
+    GenerateClient,
+    Request,
+    RequestTemplate,
+    RetryableError,
+    check_server_info,
+    error_text,
+    parse_response,
+)
 from eagle3_datagen.engine.backends import ScriptedBackend
 from eagle3_datagen.engine.server import Faults, create_app
 from eagle3_datagen.journal import Journal
@@ -33,8 +42,22 @@ def tokenizer(qwen3_tokenizer_dir):
 def requests_for(tokenizer, n, *, max_new_tokens=40):
     out = []
     for i in range(n):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}], add_generation_prompt=True, tokenize=True, return_dict=False)
-        out.append(Request(id=f"q.{i}", sample_index=0, prompt_ids=ids, max_new_tokens=max_new_tokens, seed=1000 + i, fingerprint=f"f{i}"))
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        out.append(
+            Request(
+                id=f"q.{i}",
+                sample_index=0,
+                prompt_ids=ids,
+                max_new_tokens=max_new_tokens,
+                seed=1000 + i,
+                fingerprint=f"f{i}",
+            )
+        )
     return out
 
 
@@ -46,12 +69,26 @@ def template(tokenizer):
     )
 
 
-def run_against(backend, tokenizer, requests, *, faults=None, record=None, settings=None, context_length=4096, journal=None):
+def run_against(
+    backend, tokenizer, requests, *, faults=None, record=None, settings=None, context_length=4096, journal=None
+):
     async def main():
-        app = create_app(backend, context_length=context_length, model_path="m", tokenizer_path="t", record_path=record, faults=faults)
+        app = create_app(
+            backend,
+            context_length=context_length,
+            model_path="m",
+            tokenizer_path="t",
+            record_path=record,
+            faults=faults,
+        )
         async with TestServer(app, host="127.0.0.1") as server:
             url = str(server.make_url("")).rstrip("/")
-            client = GenerateClient([url], template(tokenizer), settings or ClientSettings(concurrency=8, **FAST), rng=random.Random(0))
+            client = GenerateClient(
+                [url],
+                template(tokenizer),
+                settings or ClientSettings.from_config(concurrency=8, **FAST),
+                rng=random.Random(0),
+            )
             async with aiohttp.ClientSession() as session:
                 for _ in range(400):
                     async with session.get(f"{url}/health") as resp:
@@ -85,7 +122,14 @@ def test_ok_rows_hold_exactly_the_served_output_ids(backend, tokenizer, tmp_path
 def test_transient_faults_are_retried_until_every_row_is_ok(backend, tokenizer, tmp_path):
     reqs = requests_for(tokenizer, 40)
     faults = Faults(error_rate=0.2, reset_rate=0.1, seed=3)
-    results = run_against(backend, tokenizer, reqs, faults=faults, record=tmp_path / "rec.jsonl", settings=ClientSettings(concurrency=8, max_retries=10, **FAST))
+    results = run_against(
+        backend,
+        tokenizer,
+        reqs,
+        faults=faults,
+        record=tmp_path / "rec.jsonl",
+        settings=ClientSettings.from_config(concurrency=8, max_retries=10, **FAST),
+    )
     assert all(r["status"] == "ok" for r in results.values())
     assert sum(r["attempts"] for r in results.values()) > len(reqs)  # some were retried
     rids = [r["rid"] for r in read_record(tmp_path / "rec.jsonl")]
@@ -94,16 +138,20 @@ def test_transient_faults_are_retried_until_every_row_is_ok(backend, tokenizer, 
 
 def test_hangs_time_out_and_are_retried(backend, tokenizer):
     reqs = requests_for(tokenizer, 10)
-    settings = ClientSettings(concurrency=4, max_retries=8, request_timeout_floor_s=0.5, request_timeout_per_token_s=0.0, **FAST)
+    settings = ClientSettings.from_config(
+        concurrency=4, max_retries=8, request_timeout_floor_s=0.5, request_timeout_per_token_s=0.0, **FAST
+    )
     results = run_against(backend, tokenizer, reqs, faults=Faults(hang_rate=0.3, seed=1), settings=settings)
     assert all(r["status"] == "ok" for r in results.values())
 
 
 def test_persistent_failures_are_recorded_with_their_reason(backend, tokenizer, tmp_path):
     reqs = requests_for(tokenizer, 6)
-    settings = ClientSettings(concurrency=4, max_retries=2, **FAST)
+    settings = ClientSettings.from_config(concurrency=4, max_retries=2, **FAST)
     with Journal(tmp_path / "j.jsonl") as journal:
-        results = run_against(backend, tokenizer, reqs, faults=Faults(fail_rids=r"^q\.[24]\."), settings=settings, journal=journal)
+        results = run_against(
+            backend, tokenizer, reqs, faults=Faults(fail_rids=r"^q\.[24]\."), settings=settings, journal=journal
+        )
     failed = {k for k, r in results.items() if r["status"] == "failed"}
     assert failed == {("q.2", 0), ("q.4", 0)}
     for key in failed:
@@ -118,7 +166,9 @@ def test_http_400_is_final_and_keeps_sglangs_message(backend, tokenizer):
     results = run_against(backend, tokenizer, [req], context_length=1024)
     result = results[req.key]
     assert result["status"] == "failed" and result["attempts"] == 1
-    assert result["error"].startswith("HTTP 400: Requested token count exceeds the model's maximum context length of 1024 tokens")
+    assert result["error"].startswith(
+        "HTTP 400: Requested token count exceeds the model's maximum context length of 1024 tokens"
+    )
 
 
 @pytest.mark.parametrize(
@@ -140,9 +190,18 @@ def test_error_text_reads_all_three_sglang_error_shapes(body, expected):
         ({"text": "x", "meta_info": {"finish_reason": {"type": "stop", "matched": 2}}}, "'output_ids' missing"),
         ({"output_ids": [1, "2"], "meta_info": {"finish_reason": {"type": "stop"}}}, "'output_ids' missing"),
         ({"output_ids": [1, 2], "meta_info": {}}, "finish_reason' missing"),
-        ({"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "abort", "message": "Aborted"}}}, "aborted by the server"),
-        ({"output_ids": [1, 999], "meta_info": {"finish_reason": {"type": "stop", "matched": 999}}}, "outside the vocabulary"),
-        ({"output_ids": [1] * 11, "meta_info": {"finish_reason": {"type": "length", "length": 11}}}, "more than max_new_tokens"),
+        (
+            {"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "abort", "message": "Aborted"}}},
+            "aborted by the server",
+        ),
+        (
+            {"output_ids": [1, 999], "meta_info": {"finish_reason": {"type": "stop", "matched": 999}}},
+            "outside the vocabulary",
+        ),
+        (
+            {"output_ids": [1] * 11, "meta_info": {"finish_reason": {"type": "length", "length": 11}}},
+            "more than max_new_tokens",
+        ),
         ([], "expected an object"),
     ],
 )
@@ -157,7 +216,11 @@ def test_server_checks_refuse_auto_truncation_and_warn_on_parsers():
         check_server_info({"allow_auto_truncate": True, "context_length": 4096}, context_length=4096, url="u")
     with pytest.raises(RuntimeError, match="context of 2048"):
         check_server_info({"context_length": 2048}, context_length=4096, url="u")
-    warnings = check_server_info({"context_length": 8192, "reasoning_parser": "kimi_k2", "tool_call_parser": "kimi_k2"}, context_length=4096, url="u")
+    warnings = check_server_info(
+        {"context_length": 8192, "reasoning_parser": "kimi_k2", "tool_call_parser": "kimi_k2"},
+        context_length=4096,
+        url="u",
+    )
     assert len(warnings) == 2 and "--reasoning-parser kimi_k2" in warnings[0]
 
 
@@ -173,8 +236,12 @@ def test_malformed_answers_end_as_failed_rows_with_their_reason(tokenizer):
     answers = {
         "q.0": lambda: web.Response(text="{not json", content_type="application/json"),
         "q.1": lambda: web.json_response({"text": "hi", "meta_info": {"finish_reason": {"type": "stop"}}}),
-        "q.2": lambda: web.json_response({"output_ids": [len(tokenizer) + 7], "meta_info": {"finish_reason": {"type": "stop", "matched": 1}}}),
-        "q.3": lambda: web.json_response({"output_ids": [5], "meta_info": {"finish_reason": {"type": "abort", "message": "Aborted"}}}),
+        "q.2": lambda: web.json_response(
+            {"output_ids": [len(tokenizer) + 7], "meta_info": {"finish_reason": {"type": "stop", "matched": 1}}}
+        ),
+        "q.3": lambda: web.json_response(
+            {"output_ids": [5], "meta_info": {"finish_reason": {"type": "abort", "message": "Aborted"}}}
+        ),
     }
 
     async def generate(request):
@@ -182,13 +249,27 @@ def test_malformed_answers_end_as_failed_rows_with_their_reason(tokenizer):
         row = body["rid"].rsplit(".", 3)[0]
         if row in answers:
             return answers[row]()
-        return web.json_response({"text": "", "output_ids": good_ids, "meta_info": {"id": body["rid"], "finish_reason": {"type": "stop", "matched": good_ids[0]}, "completion_tokens": 1}})
+        return web.json_response(
+            {
+                "text": "",
+                "output_ids": good_ids,
+                "meta_info": {
+                    "id": body["rid"],
+                    "finish_reason": {"type": "stop", "matched": good_ids[0]},
+                    "completion_tokens": 1,
+                },
+            }
+        )
 
     async def main():
         app = web.Application()
         app.router.add_post("/generate", generate)
         async with TestServer(app, host="127.0.0.1") as server:
-            client = GenerateClient([str(server.make_url("")).rstrip("/")], template(tokenizer), ClientSettings(concurrency=4, max_retries=1, **FAST))
+            client = GenerateClient(
+                [str(server.make_url("")).rstrip("/")],
+                template(tokenizer),
+                ClientSettings.from_config(concurrency=4, max_retries=1, **FAST),
+            )
             return await client.run(requests_for(tokenizer, 6))
 
     results = asyncio.run(main())

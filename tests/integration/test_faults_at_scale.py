@@ -3,7 +3,6 @@ no finished row requested again. The generate script runs directly (the engine's
 stands in for the GPU server)."""
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -21,14 +20,29 @@ TARGET = "results/generations/big/shard_0.parquet"
 
 
 def prompts(n):
-    return [{"id": f"row-{i:04d}", "messages": [{"role": "user", "content": f"Row {i}: explain why {i} is {'even' if i % 2 == 0 else 'odd'}."}]} for i in range(n)]
+    return [
+        {
+            "id": f"row-{i:04d}",
+            "messages": [
+                {"role": "user", "content": f"Row {i}: explain why {i} is {'even' if i % 2 == 0 else 'odd'}."}
+            ],
+        }
+        for i in range(n)
+    ]
 
 
 @pytest.fixture
 def workdir(tmp_path, qwen3_tokenizer_dir):
-    def make(local: dict, client: dict):
-        wd = Workdir(tmp_path, tokenizer=qwen3_tokenizer_dir, model_dir=None, backend="scripted", categories={"big": prompts(N)}, plain_qwen3=True)
-        wd.config["engine"]["local"].update(local)
+    def make(engine_args: str, client: dict):
+        wd = Workdir(
+            tmp_path,
+            tokenizer=qwen3_tokenizer_dir,
+            model_dir=None,
+            backend="scripted",
+            categories={"big": prompts(N)},
+            plain_qwen3=True,
+            engine_args=engine_args,
+        )
         wd.config["client"].update(client)
         wd.config["max_failed_share"] = 0.0
         wd.write_config()
@@ -39,7 +53,15 @@ def workdir(tmp_path, qwen3_tokenizer_dir):
 
 
 def generate_cmd(wd):
-    return [sys.executable, str(ROOT / "scripts" / "generate.py"), "--config", "config/config.yaml", "--category", "big", "--prompts", "results/prompts/big.parquet", "--out", TARGET, "--server-log", "logs/server.log"]
+    # Run by hand: with --category, every path and param comes from the config, as the rule's would.
+    return [
+        sys.executable,
+        str(ROOT / "scripts" / "generate.py"),
+        "--config",
+        "config/config.yaml",
+        "--category",
+        "big",
+    ]
 
 
 def served_by_run(wd):
@@ -77,10 +99,17 @@ def assert_complete(wd):
 
 def test_5xx_resets_and_hangs_still_give_every_row_exactly_once(workdir):
     wd = workdir(
-        local={"error_rate": 0.10, "reset_rate": 0.05, "hang_rate": 0.02, "seed": 11},
-        client={"concurrency": 16, "max_retries": 12, "backoff_initial_s": 0.05, "backoff_max_s": 0.5, "request_timeout_floor_s": 2, "request_timeout_per_token_s": 0.0},
+        engine_args="--error-rate 0.10 --reset-rate 0.05 --hang-rate 0.02 --seed 11",
+        client={
+            "concurrency": 16,
+            "max_retries": 12,
+            "backoff_initial_s": 0.05,
+            "backoff_max_s": 0.5,
+            "request_timeout_floor_s": 2,
+            "request_timeout_per_token_s": 0.0,
+        },
     )
-    proc = subprocess.run(generate_cmd(wd), cwd=wd.path, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(generate_cmd(wd), cwd=wd.path, capture_output=True, text=True, timeout=600, env=wd.env())
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = assert_complete(wd)
     record = wd.engine_record("big")
@@ -99,17 +128,23 @@ def test_5xx_resets_and_hangs_still_give_every_row_exactly_once(workdir):
 
 
 def test_sigkill_at_ten_random_points_loses_nothing_and_repeats_nothing(workdir):
-    wd = workdir(local={"latency_ms": "100:200"}, client={"concurrency": 8, "max_retries": 3, "progress_interval_s": 1})
+    wd = workdir(
+        engine_args="--latency-ms 100:200", client={"concurrency": 8, "max_retries": 3, "progress_interval_s": 1}
+    )
     rng = random.Random(20261129)
     done_before_run, run_starts = [], []
     for _ in range(10):
         done_before_run.append(set(journal_ok_keys(wd)))
         run_starts.append(time.time())
-        proc = subprocess.Popen(generate_cmd(wd), cwd=wd.path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            generate_cmd(wd), cwd=wd.path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=wd.env()
+        )
         # A random point of the generation itself (start-up takes seconds): once the run has
         # journalled its first row, wait a random while, then kill.
         deadline = time.monotonic() + 120
-        while len(journal_ok_keys(wd)) == len(done_before_run[-1]) and time.monotonic() < deadline and proc.poll() is None:
+        while (
+            len(journal_ok_keys(wd)) == len(done_before_run[-1]) and time.monotonic() < deadline and proc.poll() is None
+        ):
             time.sleep(0.02)
         time.sleep(rng.uniform(0.0, 0.6))
         proc.send_signal(signal.SIGKILL)
@@ -117,7 +152,7 @@ def test_sigkill_at_ten_random_points_loses_nothing_and_repeats_nothing(workdir)
     done_before_run.append(set(journal_ok_keys(wd)))
     run_starts.append(time.time())
     assert 0 < len(done_before_run[-1]) < N, "the kills did not interrupt a run in progress"
-    proc = subprocess.run(generate_cmd(wd), cwd=wd.path, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(generate_cmd(wd), cwd=wd.path, capture_output=True, text=True, timeout=600, env=wd.env())
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = assert_complete(wd)
 

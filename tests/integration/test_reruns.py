@@ -4,10 +4,8 @@ One working directory goes through the edits in order; the local engine's record
 run sent.
 """
 
-import json
 import os
 import shutil
-import time
 
 import pytest
 from workdir import ROOT, Workdir
@@ -18,50 +16,85 @@ CATEGORIES = ("alpha", "beta", "gamma")
 
 
 def prompts(prefix, n, start=0):
-    return [{"id": f"{prefix}-{i:03d}", "messages": [{"role": "user", "content": f"{prefix} question {i}: how do {i} and {i + 2} compare?"}]} for i in range(start, start + n)]
+    return [
+        {
+            "id": f"{prefix}-{i:03d}",
+            "messages": [{"role": "user", "content": f"{prefix} question {i}: how do {i} and {i + 2} compare?"}],
+        }
+        for i in range(start, start + n)
+    ]
 
 
 class Counter:
-    """Requests the engine served since the last call, per category."""
+    """Requests the engines served since the last call, per category."""
 
     def __init__(self, wd):
         self.wd = wd
-        self.seen = {}
+        self.seen = len(wd.engine_record())
 
     def new(self) -> dict[str, list[str]]:
+        entries = self.wd.engine_record()
+        fresh, self.seen = entries[self.seen :], len(entries)
         out = {}
-        for path in sorted(self.wd.record_dir.glob("*.jsonl")):
-            lines = path.read_text().splitlines()
-            category = path.stem
-            start = self.seen.get(category, 0)
-            if len(lines) > start:
-                out[category] = [json.loads(line)["rid"].rsplit(".", 2)[0] for line in lines[start:]]
-            self.seen[category] = len(lines)
+        for entry in fresh:
+            key = entry["rid"].rsplit(".", 2)[0]
+            category = next(c for c, ids in self.wd.ids.items() if key.rsplit(".", 1)[0] in ids)
+            out.setdefault(category, []).append(key)
         return out
 
 
 def snapshot(wd, categories):
-    return {c: ((wd.path / "results" / "generations" / f"{c}.parquet").read_bytes(), (wd.path / "results" / "dataset" / f"{c}.jsonl").read_bytes()) for c in categories}
+    return {
+        c: (
+            (wd.path / "results" / "generations" / f"{c}.parquet").read_bytes(),
+            (wd.path / "results" / "dataset" / f"{c}.jsonl").read_bytes(),
+        )
+        for c in categories
+    }
+
+
+def copy_workflow(dest):
+    """The workflow's own files, copied: a test may touch its scripts without touching the repository's."""
+    dest.mkdir(parents=True)
+    shutil.copy2(ROOT / "Snakefile", dest / "Snakefile")
+    for folder in ("rules", "scripts", "schemas", "report", "envs"):
+        shutil.copytree(ROOT / folder, dest / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, qwen3_tokenizer_dir):
-    path = tmp_path_factory.mktemp("reruns")
-    wd = Workdir(path, tokenizer=qwen3_tokenizer_dir, model_dir=None, backend="scripted", categories={c: prompts(c, 6) for c in CATEGORIES}, plain_qwen3=True)
+def baseline(tmp_path_factory, qwen3_tokenizer_dir):
+    """One finished run of three categories; every test starts from its own copy of it."""
+    root = tmp_path_factory.mktemp("reruns")
+    workflow = copy_workflow(root / "workflow")
+    wd = Workdir(
+        root / "run",
+        tokenizer=qwen3_tokenizer_dir,
+        model_dir=None,
+        backend="scripted",
+        categories={c: prompts(c, 6) for c in CATEGORIES},
+        plain_qwen3=True,
+    )
+    wd.snakefile = workflow / "Snakefile"
     counter = Counter(wd)
-    started = time.monotonic()
     wd.snakemake("--cores", "2")
-    first = counter.new()
-    assert {c: len(r) for c, r in first.items()} == {c: 6 for c in CATEGORIES}
-    wd.timings = {"first run": time.monotonic() - started}
-    return wd, counter
+    assert {c: len(r) for c, r in counter.new().items()} == {c: 6 for c in CATEGORIES}
+    return wd
+
+
+@pytest.fixture
+def run(baseline, tmp_path):
+    """A copy of the finished run (and of its workflow), mtimes kept: edits here touch nothing else."""
+    wd = baseline.copy(tmp_path / "run")
+    wd.snakefile = copy_workflow(tmp_path / "workflow") / "Snakefile"
+    for source, copy in zip(sorted((baseline.snakefile.parent).rglob("*")), sorted(wd.snakefile.parent.rglob("*"))):
+        os.utime(copy, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns))
+    return wd, Counter(wd)
 
 
 def test_a_run_with_nothing_changed_does_nothing(run):
     wd, counter = run
-    started = time.monotonic()
     proc = wd.snakemake("--cores", "2")
-    wd.timings["no-change rerun"] = time.monotonic() - started
     assert "Nothing to be done" in proc.stdout + proc.stderr
     assert counter.new() == {}
 
@@ -100,10 +133,12 @@ def test_editing_a_plot_or_check_script_reruns_only_what_depends_on_it(run):
     summary = (wd.path / "results" / "summary.tsv").stat().st_mtime_ns
     checked = (wd.path / "results" / "checks" / "alpha.sequences.json").stat().st_mtime_ns
     for script in ("summarize.py", "check_sequences.py"):
-        os.utime(ROOT / "scripts" / script)  # Snakemake tracks scripts by modification time
+        os.utime(wd.snakefile.parent / "scripts" / script)  # Snakemake tracks scripts by modification time
     wd.snakemake("--cores", "2")
     assert counter.new() == {}
-    assert {c: (wd.path / "results" / "generations" / f"{c}.parquet").stat().st_mtime_ns for c in CATEGORIES} == generations
+    assert {
+        c: (wd.path / "results" / "generations" / f"{c}.parquet").stat().st_mtime_ns for c in CATEGORIES
+    } == generations
     assert (wd.path / "results" / "summary.tsv").stat().st_mtime_ns > summary
     assert (wd.path / "results" / "checks" / "alpha.sequences.json").stat().st_mtime_ns > checked
 
@@ -111,7 +146,12 @@ def test_editing_a_plot_or_check_script_reruns_only_what_depends_on_it(run):
 def test_changing_one_categorys_temperature_regenerates_only_it(run):
     wd, counter = run
     sheet = wd.path / "config" / "categories.tsv"
-    sheet.write_text(sheet.read_text().replace("category\tprompts\n", "category\tprompts\ttemperature\n").replace("gamma.jsonl\n", "gamma.jsonl\t0.3\n").replace(".jsonl\n", ".jsonl\t\n"))
+    sheet.write_text(
+        sheet.read_text()
+        .replace("category\tprompts\n", "category\tprompts\ttemperature\n")
+        .replace("gamma.jsonl\n", "gamma.jsonl\t0.3\n")
+        .replace(".jsonl\n", ".jsonl\t\n")
+    )
     before = snapshot(wd, ("alpha", "beta"))
     wd.snakemake("--cores", "2")
     new = counter.new()
@@ -123,7 +163,7 @@ def test_a_new_category_sends_only_its_prompts(run):
     wd, counter = run
     wd.write_prompts("delta", prompts("delta", 4))
     sheet = wd.path / "config" / "categories.tsv"
-    sheet.write_text(sheet.read_text() + "delta\tconfig/prompts/delta.jsonl\t\n")
+    sheet.write_text(sheet.read_text() + "delta\tconfig/prompts/delta.jsonl\n")
     wd.snakemake("--cores", "2")
     new = counter.new()
     assert list(new) == ["delta"] and len(new["delta"]) == 4
@@ -132,7 +172,7 @@ def test_a_new_category_sends_only_its_prompts(run):
 def test_editing_the_generate_script_sends_nothing(run):
     wd, counter = run
     mtime = (wd.path / "results" / "generations" / "alpha.parquet").stat().st_mtime_ns
-    os.utime(ROOT / "scripts" / "generate.py")
+    os.utime(wd.snakefile.parent / "scripts" / "generate.py")
     wd.snakemake("--cores", "2")
     assert (wd.path / "results" / "generations" / "alpha.parquet").stat().st_mtime_ns > mtime  # the job ran ...
     assert counter.new() == {}  # ... and sent nothing: every row came from the cache
@@ -140,10 +180,18 @@ def test_editing_the_generate_script_sends_nothing(run):
 
 def test_removing_results_throws_no_generation_away(run):
     wd, counter = run
+    from eagle3_datagen.tables import read_rows
+
+    def rows():
+        return {c: read_rows(wd.path / "results" / "generations" / f"{c}.parquet") for c in CATEGORIES}
+
+    before, dataset = rows(), {c: (wd.path / "results" / "dataset" / f"{c}.jsonl").read_bytes() for c in CATEGORIES}
     shutil.rmtree(wd.path / "results")
     wd.snakemake("--cores", "2")
     assert counter.new() == {}
-    assert len(wd.jsonl("results/dataset/beta.jsonl")) == 11
+    # The same rows, from the cache (only the run's provenance, such as its plan, is new).
+    assert rows() == before
+    assert {c: (wd.path / "results" / "dataset" / f"{c}.jsonl").read_bytes() for c in CATEGORIES} == dataset
 
 
 def test_a_torn_cache_file_is_recovered_without_losing_other_entries(run):
@@ -159,11 +207,18 @@ def test_a_torn_cache_file_is_recovered_without_losing_other_entries(run):
 
 def test_the_preview_tells_the_cost_before_any_request(run):
     wd, counter = run
+    edited = prompts("alpha", 6)
+    edited[2]["messages"][0]["content"] += " Please be brief."
+    wd.write_prompts("alpha", edited)
+    wd.snakemake("--cores", "2")
+    assert counter.new() == {"alpha": ["alpha-002.0"]}
     rows = prompts("alpha", 8)
     wd.write_prompts("alpha", rows)
     wd.snakemake("--cores", "1", "results/plan.tsv")
     assert counter.new() == {}  # previewing sends nothing
-    preview = {line.split("\t")[0]: line.split("\t") for line in (wd.path / "results" / "plan.tsv").read_text().splitlines()}
+    preview = {
+        line.split("\t")[0]: line.split("\t") for line in (wd.path / "results" / "plan.tsv").read_text().splitlines()
+    }
     header = preview.pop("category")
     alpha = dict(zip(header, preview["alpha"]))
     # Two new rows; the edit of alpha-002 is undone, and its original answer is still in the cache.
@@ -178,5 +233,4 @@ def test_changing_the_model_fingerprint_regenerates_everything(run):
     wd.write_config()
     wd.snakemake("--cores", "2")
     new = counter.new()
-    assert {c: len(v) for c, v in new.items()} == {"alpha": 8, "beta": 11, "gamma": 6, "delta": 4}
-    print("timings:", wd.timings)
+    assert {c: len(v) for c, v in new.items()} == {c: 6 for c in CATEGORIES}

@@ -11,14 +11,24 @@ pytestmark = pytest.mark.slow
 
 
 def prompts(n):
-    return [{"id": f"s-{i:03d}", "messages": [{"role": "user", "content": f"Tell me about the number {i}."}]} for i in range(n)]
+    return [
+        {"id": f"s-{i:03d}", "messages": [{"role": "user", "content": f"Tell me about the number {i}."}]}
+        for i in range(n)
+    ]
 
 
 @pytest.fixture
 def workdir(tmp_path, qwen3_tokenizer_dir):
-    def make(n=8, **local):
-        wd = Workdir(tmp_path, tokenizer=qwen3_tokenizer_dir, model_dir=None, backend="scripted", categories={"srv": prompts(n)}, plain_qwen3=True)
-        wd.config["engine"]["local"].update(local)
+    def make(engine_args: str, n=8):
+        wd = Workdir(
+            tmp_path,
+            tokenizer=qwen3_tokenizer_dir,
+            model_dir=None,
+            backend="scripted",
+            categories={"srv": prompts(n)},
+            plain_qwen3=True,
+            engine_args=engine_args,
+        )
         wd.config["engine"]["startup_timeout_s"] = 8
         wd.config["client"].update(concurrency=2, max_retries=3, backoff_initial_s=0.2, backoff_max_s=0.5)
         wd.write_config()
@@ -32,7 +42,7 @@ def failure_text(wd, proc):
 
 
 def test_a_server_that_exits_during_startup(workdir):
-    wd = workdir(fail_startup=True)
+    wd = workdir("--fail-startup")
     started = time.monotonic()
     proc = wd.snakemake("--cores", "1", "results/generations/srv.parquet", check=False)
     assert proc.returncode != 0
@@ -44,7 +54,7 @@ def test_a_server_that_exits_during_startup(workdir):
 
 
 def test_a_server_that_never_becomes_healthy(workdir):
-    wd = workdir(never_healthy=True)
+    wd = workdir("--never-healthy")
     started = time.monotonic()
     proc = wd.snakemake("--cores", "1", "results/generations/srv.parquet", check=False)
     assert proc.returncode != 0
@@ -54,18 +64,20 @@ def test_a_server_that_never_becomes_healthy(workdir):
 
 
 def test_a_server_that_dies_mid_run_leaves_a_journal_to_resume_from(workdir):
-    wd = workdir(n=20, die_after=6, latency_ms="20:60")
+    wd = workdir("--die-after 6 --latency-ms 20:60", n=20)
     proc = wd.snakemake("--cores", "1", "results/generations/srv.parquet", check=False)
     assert proc.returncode != 0
     text = failure_text(wd, proc)
     assert "the server died during the run" in text and "logs/generate/srv/shard_0.server.log" in text
-    journal = [json.loads(line) for line in (wd.path / "cache" / "journal" / "srv" / "shard_0-of-1.jsonl").read_text().splitlines()]
+    journal = [
+        json.loads(line)
+        for line in (wd.path / "cache" / "journal" / "srv" / "shard_0-of-1.jsonl").read_text().splitlines()
+    ]
     done = {e["id"] for e in journal if e["status"] == "ok"}
     assert 1 <= len(done) <= 6
     served_before = len(wd.engine_record("srv"))
 
-    wd.config["engine"]["local"]["die_after"] = None
-    wd.write_config()
+    wd.engine_args = ""
     wd.snakemake("--cores", "1", "results/generations/srv.parquet")
     resent = [e["rid"].rsplit(".", 3)[0] for e in wd.engine_record("srv")[served_before:]]
     assert not set(resent) & done

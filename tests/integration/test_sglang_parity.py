@@ -1,29 +1,24 @@
 """Parity of `eagle3_datagen.parsers` with SGLang's own parser classes, per SGLang version.
 
-Each version is pip-installed (`--no-deps`, plus the few pure-Python packages its parser modules
-import) into `<repo>/.cache/sglang/<version>` and imported in its own subprocess with an empty
-`sglang` package module, so `sglang/__init__.py` (which pulls torch from 0.5.12 on) never runs and
-the two versions never share an interpreter. No install is skipped silently: if PyPI cannot be
-reached the test fails.
+Each version is installed before the suite runs (`make test` runs `tests/sglang_oracles.py`, which
+pip-installs it `--no-deps`, plus the few pure-Python packages its parser modules import, into
+`<repo>/.cache/sglang/<version>`) and imported here in its own subprocess with an empty `sglang`
+package module, so `sglang/__init__.py` (which pulls torch from 0.5.12 on) never runs and the two
+versions never share an interpreter. A version that is not installed fails the test, naming the
+command that installs it.
 """
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 import parser_corpus as corpus
 from eagle3_datagen import parsers
+from sglang_oracles import installed
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".cache" / "sglang"
-# What the parser modules import besides the standard library and what the project already has
-# (pydantic, numpy, transformers, jinja2): checked for 0.5.8 and 0.5.23.
-EXTRA_PACKAGES = ["openai", "orjson", "partial_json_parser", "msgspec", "pybase64", "ipython"]
-
-ORACLE = r'''
+ORACLE = r"""
 import importlib, json, sys, types
 target = sys.argv[1]
 sys.path.insert(0, target)
@@ -71,34 +66,15 @@ for parser, text in job["tools"]:
         out["wrapper"].append([text, []])
 out["torch_loaded"] = "torch" in sys.modules
 json.dump(out, sys.stdout)
-'''
-
-
-def _imports(target: Path) -> bool:
-    probe = (
-        "import sys, types; sys.path.insert(0, sys.argv[1]); m = types.ModuleType('sglang'); "
-        "m.__path__ = [sys.argv[1] + '/sglang']; sys.modules['sglang'] = m; "
-        "import sglang.srt.parser.reasoning_parser, sglang.srt.function_call.kimik2_detector, "
-        "sglang.srt.function_call.qwen25_detector"
-    )
-    return subprocess.run([sys.executable, "-c", probe, str(target)], capture_output=True).returncode == 0
-
-
-def _install(version: str) -> Path:
-    target = CACHE / version
-    if target.is_dir() and _imports(target):
-        return target
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target", str(target)]
-    for args in (["--no-deps", f"sglang=={version}"], EXTRA_PACKAGES):
-        done = subprocess.run(pip + ["--upgrade", *args], capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, f"pip install {' '.join(args)} failed:\n{done.stderr[-3000:]}"
-    assert _imports(target), f"SGLang {version} installed in {target} but its parser modules do not import"
-    return target
+"""
 
 
 def _job():
     reasoning = [
-        (parser, force, text) for _, text in corpus.REASONING_TEXTS for parser in corpus.REASONING_PARSERS for force in corpus.FORCINGS
+        (parser, force, text)
+        for _, text in corpus.REASONING_TEXTS
+        for parser in corpus.REASONING_PARSERS
+        for force in corpus.FORCINGS
     ]
     return {"reasoning": reasoning, "tools": [(p, t) for _, p, t in corpus.TOOL_TEXTS], "tools_schema": corpus.TOOLS}
 
@@ -106,7 +82,7 @@ def _job():
 @pytest.mark.slow
 @pytest.mark.parametrize("version", corpus.VERSIONS)
 def test_parsers_match_sglang(version):
-    target = _install(version)
+    target = installed(version)
     job = _job()
     done = subprocess.run(
         [sys.executable, "-c", ORACLE, str(target)], input=json.dumps(job), capture_output=True, text=True, timeout=300

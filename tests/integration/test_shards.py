@@ -7,14 +7,24 @@ pytestmark = pytest.mark.slow
 
 
 def prompts(n):
-    return [{"id": f"big-{i:03d}", "messages": [{"role": "user", "content": f"Summarize fact number {i}."}]} for i in range(n)]
+    return [
+        {"id": f"big-{i:03d}", "messages": [{"role": "user", "content": f"Summarize fact number {i}."}]}
+        for i in range(n)
+    ]
 
 
 def test_shards_generate_apart_and_merge_in_prompt_order(tmp_path, qwen3_tokenizer_dir):
-    from eagle3_datagen.generation import shard_of
+    from eagle3_datagen.plan_generation import shard_of
     from eagle3_datagen.tables import read_provenance, read_rows
 
-    wd = Workdir(tmp_path, tokenizer=qwen3_tokenizer_dir, model_dir=None, backend="scripted", categories={"big": prompts(30)}, plain_qwen3=True)
+    wd = Workdir(
+        tmp_path,
+        tokenizer=qwen3_tokenizer_dir,
+        model_dir=None,
+        backend="scripted",
+        categories={"big": prompts(30)},
+        plain_qwen3=True,
+    )
     sheet = wd.path / "config" / "categories.tsv"
     sheet.write_text("category\tprompts\tshards\nbig\tconfig/prompts/big.jsonl\t3\n")
     wd.snakemake("--cores", "2")
@@ -33,4 +43,6 @@ def test_shards_generate_apart_and_merge_in_prompt_order(tmp_path, qwen3_tokeniz
     sheet.write_text("category\tprompts\tshards\nbig\tconfig/prompts/big.jsonl\t2\n")
     wd.snakemake("--cores", "2")
     assert len(wd.engine_record("big")) == 30
-    assert [r["output_ids"] for r in read_rows(wd.path / "results" / "generations" / "big.parquet")] == [r["output_ids"] for r in merged]
+    assert [r["output_ids"] for r in read_rows(wd.path / "results" / "generations" / "big.parquet")] == [
+        r["output_ids"] for r in merged
+    ]

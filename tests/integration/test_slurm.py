@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from workdir import ROOT, SNAKEMAKE, Workdir
@@ -35,7 +34,13 @@ def slurm_cluster(tmp_path_factory):
     env = dict(os.environ, FAKE_CPUS="8", FAKE_GPUS="2")
     saved = {key: os.environ.get(key) for key in ("SLURM_CONF",)}
     try:
-        proc = subprocess.run(["bash", str(SLURM_DIR / "start_slurm.sh"), str(state)], capture_output=True, text=True, env=env, timeout=120)
+        proc = subprocess.run(
+            ["bash", str(SLURM_DIR / "start_slurm.sh"), str(state)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert proc.returncode == 0, f"start_slurm.sh failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
         exported = dict(re.findall(r"^export (\w+)=(.*)$", proc.stdout, re.MULTILINE))
         assert "SLURM_CONF" in exported, proc.stdout
@@ -51,13 +56,24 @@ def slurm_cluster(tmp_path_factory):
 
 
 def prompts(category, n):
-    return [{"id": f"{category}-{i:03d}", "messages": [{"role": "user", "content": f"{category} question {i}: what is {i} plus {i + 2}?"}]} for i in range(n)]
+    return [
+        {
+            "id": f"{category}-{i:03d}",
+            "messages": [{"role": "user", "content": f"{category} question {i}: what is {i} plus {i + 2}?"}],
+        }
+        for i in range(n)
+    ]
 
 
 def squeue(job_ids):
     """{job id: (state, job name, GPUs asked for)} of finished and running jobs (squeue --states=all)."""
     fmt = "JobID:|,State:|,Name:|,tres-per-job:"
-    out = subprocess.run(["squeue", "--states=all", "--noheader", "--jobs", ",".join(job_ids), "-O", fmt], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["squeue", "--states=all", "--noheader", "--jobs", ",".join(job_ids), "-O", fmt],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     jobs = {}
     for line in out.splitlines():
         job_id, state, name, tres = (field.strip() for field in line.split("|"))
@@ -76,18 +92,41 @@ def slurm_run(slurm_cluster, tmp_path_factory, qwen3_tokenizer_dir):
         categories={name: prompts(name, n) for name, n in CATEGORIES.items()},
     )
     # The plain Qwen3 template: no <think> suffix, and <think> may be generated.
-    wd.config["model"].update(prompt_suffix=[], prompt_only_tokens=[], stop_tokens=["<|im_end|>"], chat_template_kwargs={}, reasoning_parser="qwen3", tool_call_parser="qwen25")
+    wd.config["model"].update(
+        prompt_suffix=[],
+        prompt_only_tokens=[],
+        stop_tokens=["<|im_end|>"],
+        chat_template_kwargs={},
+        reasoning_parser="qwen3",
+        tool_call_parser="qwen25",
+    )
     # One GPU per generate job, so that SLURM's GPU allocation is exercised; small CPU and memory.
     wd.config["engine"]["local"]["gpus"] = 1
     wd.config["engine"]["job"] = {"cpus": 1, "mem_mb": 1000, "runtime": 10}
     wd.write_config()
     # SIGINT, not timeout's SIGTERM: on SIGINT Snakemake cancels its SLURM jobs and exits.
-    cmd = ["timeout", "-s", "INT", "-k", "30", str(RUN_TIMEOUT_S), *SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile"), "--directory", str(wd.path), "--profile", str(PROFILE)]
+    cmd = [
+        "timeout",
+        "-s",
+        "INT",
+        "-k",
+        "30",
+        str(RUN_TIMEOUT_S),
+        *SNAKEMAKE,
+        "--snakefile",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(wd.path),
+        "--profile",
+        str(PROFILE),
+    ]
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     elapsed = time.monotonic() - start
     print(f"workflow through SLURM: {elapsed:.1f} s")
-    assert proc.returncode == 0, f"snakemake --profile {PROFILE} failed ({proc.returncode}) after {elapsed:.0f} s:\n{proc.stdout[-4000:]}\n{proc.stderr[-10000:]}"
+    assert proc.returncode == 0, (
+        f"snakemake --profile {PROFILE} failed ({proc.returncode}) after {elapsed:.0f} s:\n{proc.stdout[-4000:]}\n{proc.stderr[-10000:]}"
+    )
     return wd, proc, elapsed
 
 
@@ -104,7 +143,9 @@ def test_generate_jobs_run_as_slurm_jobs_with_a_gpu(slurm_run):
     assert len(logs) == len(CATEGORIES), f"SLURM logs of generate: {sorted(map(str, logs.values()))}"
     assert all(job_id.isdigit() for job_id in logs)
     # The plugin writes rule_generate/<wildcards: category and shard>/<SLURM job id>.log.
-    assert sorted(next(c for c in CATEGORIES if log.parent.name.startswith(c)) for log in logs.values()) == sorted(CATEGORIES)
+    assert sorted(next(c for c in CATEGORIES if log.parent.name.startswith(c)) for log in logs.values()) == sorted(
+        CATEGORIES
+    )
 
     # Only generate went to the cluster; every other rule ran on the submitting host.
     slurm_logs = wd.path / ".snakemake" / "slurm_logs"
@@ -140,7 +181,9 @@ def test_outputs_hold_every_row(slurm_run):
         rows = wd.jsonl(f"results/dataset/{category}.jsonl")
         assert sorted((r["id"], r["sample_index"]) for r in rows) == [(f"{category}-{i:03d}", 0) for i in range(n)]
         assert all(r["category"] == category for r in rows)
-        assert all(len(r["input_ids"]) == len(r["loss_mask"]) == r["n_prompt_tokens"] + r["n_output_tokens"] for r in rows)
+        assert all(
+            len(r["input_ids"]) == len(r["loss_mask"]) == r["n_prompt_tokens"] + r["n_output_tokens"] for r in rows
+        )
         assert all(sum(r["loss_mask"]) == r["n_output_tokens"] > 0 for r in rows)
         assert wd.jsonl(f"results/dataset/{category}.rejected.jsonl") == []
         assert (wd.path / "results" / "checks" / f"{category}.json").exists()

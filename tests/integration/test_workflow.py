@@ -38,7 +38,9 @@ def demo_run(tmp_path_factory, demo_model_dir):
 
 def test_every_row_ends_in_exactly_one_place(demo_run):
     wd = demo_run
-    summary = {row.split("\t")[0]: row.split("\t") for row in (wd.path / "results" / "summary.tsv").read_text().splitlines()}
+    summary = {
+        row.split("\t")[0]: row.split("\t") for row in (wd.path / "results" / "summary.tsv").read_text().splitlines()
+    }
     header = summary.pop("category")
     col = {name: i for i, name in enumerate(header)}
     for category, n_input in (("math", 9), ("code", 6), ("chat", 8)):
@@ -52,9 +54,15 @@ def test_every_row_ends_in_exactly_one_place(demo_run):
         assert int(row[col["ok"]]) == len(exported)
     rejected = {r["id"]: r for r in wd.jsonl("results/dataset/math.rejected.jsonl")}
     prompts_file = "config/prompts/math.jsonl"
-    assert rejected["math-line-7"]["status"] == "skipped" and f"{prompts_file}:7: malformed JSON" in rejected["math-line-7"]["reason"]
+    assert (
+        rejected["math-line-7"]["status"] == "skipped"
+        and f"{prompts_file}:7: malformed JSON" in rejected["math-line-7"]["reason"]
+    )
     assert "field 'messages[0].role': unknown role 'bot'" in rejected["bad-role"]["reason"]
-    assert f"duplicate id 'math-001' (first seen at {prompts_file}:1)" in [r for r in rejected.values() if r["id"] == "math-001"][0]["reason"]
+    assert (
+        f"duplicate id 'math-001' (first seen at {prompts_file}:1)"
+        in [r for r in rejected.values() if r["id"] == "math-001"][0]["reason"]
+    )
 
 
 def test_exported_tokens_are_exactly_what_the_engine_generated(demo_run):
@@ -81,7 +89,16 @@ def test_each_request_carries_every_sampling_value(demo_run):
     assert record
     for r in record:
         params = r["sampling_params"]
-        for key in ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stop_token_ids", "sampling_seed"):
+        for key in (
+            "max_new_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "stop_token_ids",
+            "sampling_seed",
+        ):
             assert key in params, key
         assert params["skip_special_tokens"] is False and params["no_stop_trim"] is True
     assert len({r["rid"] for r in record}) == len(record)

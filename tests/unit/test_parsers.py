@@ -20,8 +20,18 @@ REASONING_CASES = [
     ("plain", "qwen3", None, ("", T["plain"])),
     ("plain", "qwen3-thinking", None, ("The user asks for 2+2.", "The answer is 4.")),
     ("plain", "deepseek-r1", False, ("The user asks for 2+2.", "The answer is 4.")),
-    ("leading_think", "kimi_k2", True, {OLD: ("Let me think.", "The answer is 4."), NEW: ("Let me think.", "\n\nThe answer is 4.")}),
-    ("leading_think", "qwen3", None, {OLD: ("Let me think.", "The answer is 4."), NEW: ("Let me think.", "\n\nThe answer is 4.")}),
+    (
+        "leading_think",
+        "kimi_k2",
+        True,
+        {OLD: ("Let me think.", "The answer is 4."), NEW: ("Let me think.", "\n\nThe answer is 4.")},
+    ),
+    (
+        "leading_think",
+        "qwen3",
+        None,
+        {OLD: ("Let me think.", "The answer is 4."), NEW: ("Let me think.", "\n\nThe answer is 4.")},
+    ),
     ("double_leading_think", "qwen3", None, ("Twice.", "Done.")),
     ("truncated", "kimi_k2", True, (T["truncated"], "")),
     ("truncated", "kimi_k2", False, {OLD: (T["truncated"], ""), NEW: ("", T["truncated"])}),
@@ -31,7 +41,12 @@ REASONING_CASES = [
     ("tool_after_reasoning", "kimi_k2", True, ("Need a tool.", SECTION)),
     ("tool_inside_reasoning", "kimi_k2", True, {OLD: ("Need a tool. " + SECTION, ""), NEW: ("Need a tool. ", SECTION)}),
     ("tool_inside_reasoning", "qwen3", True, ("Need a tool. " + SECTION, "")),
-    ("whitespace_around_tags", "kimi_k2", True, {OLD: ("Thinking \n", "Answer"), NEW: ("  \n Thinking \n", "\n\n  Answer  \n")}),
+    (
+        "whitespace_around_tags",
+        "kimi_k2",
+        True,
+        {OLD: ("Thinking \n", "Answer"), NEW: ("  \n Thinking \n", "\n\n  Answer  \n")},
+    ),
     ("non_ascii", "kimi_k2", True, ("Überlegung: 東京 ☃ ", "Réponse: 東京")),
     ("empty_reasoning", "kimi_k2", True, ("", "Just the answer.")),
     ("only_end", "qwen3-thinking", None, ("", "")),
@@ -42,14 +57,24 @@ REASONING_CASES = [
         "qwen_tool_inside_reasoning",
         "qwen3",
         True,
-        {OLD: (T["qwen_tool_inside_reasoning"], ""), NEW: ("Checking.\n", T["qwen_tool_inside_reasoning"][len("Checking.\n") :])},
+        {
+            OLD: (T["qwen_tool_inside_reasoning"], ""),
+            NEW: ("Checking.\n", T["qwen_tool_inside_reasoning"][len("Checking.\n") :]),
+        },
     ),
-    ("qwen_style_full", "qwen3", None, {OLD: ("I should answer.\n", "It is 4."), NEW: ("\nI should answer.\n", "\n\nIt is 4.")}),
+    (
+        "qwen_style_full",
+        "qwen3",
+        None,
+        {OLD: ("I should answer.\n", "It is 4."), NEW: ("\nI should answer.\n", "\n\nIt is 4.")},
+    ),
 ]
 
 
 @pytest.mark.parametrize("version", [OLD, NEW])
-@pytest.mark.parametrize("case,parser,force,expected", REASONING_CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in REASONING_CASES])
+@pytest.mark.parametrize(
+    "case,parser,force,expected", REASONING_CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in REASONING_CASES]
+)
 def test_reasoning(case, parser, force, expected, version):
     want = expected[version] if isinstance(expected, dict) else expected
     assert parsers.parse_reasoning(T[case], parser=parser, version=version, force_reasoning=force) == want
@@ -66,7 +91,10 @@ def test_reasoning_version_ranges():
     # qwen3 learns the <tool_call> interruption in 0.5.14.
     q = "r\n<tool_call>\n{}"
     assert parsers.parse_reasoning(q, parser="qwen3", version="0.5.13", force_reasoning=True) == (q, "")
-    assert parsers.parse_reasoning(q, parser="qwen3", version="0.5.14", force_reasoning=True) == ("r\n", "<tool_call>\n{}")
+    assert parsers.parse_reasoning(q, parser="qwen3", version="0.5.14", force_reasoning=True) == (
+        "r\n",
+        "<tool_call>\n{}",
+    )
 
 
 @pytest.mark.parametrize("bad", ["0.5.9", "0.4.10", "0.5.24", "0.6.0", "latest"])
@@ -96,8 +124,13 @@ GW, SW = "get_weather", "search_web"
 # (case, {version: (normal, [(tool_index, name, arguments)])}) for the detectors.
 TOOL_CASES = [
     ("kimi_one", ("Let me check.", [(0, GW, '{"city": "Paris"}')])),
-    ("kimi_two_model_index", {OLD: ("Let me check.", [(3, GW, '{"city": "Paris"}'), (4, SW, '{"query": "news"}')]),
-                              NEW: ("Let me check.", [(0, GW, '{"city": "Paris"}'), (1, SW, '{"query": "news"}')])}),
+    (
+        "kimi_two_model_index",
+        {
+            OLD: ("Let me check.", [(3, GW, '{"city": "Paris"}'), (4, SW, '{"query": "news"}')]),
+            NEW: ("Let me check.", [(0, GW, '{"city": "Paris"}'), (1, SW, '{"query": "news"}')]),
+        },
+    ),
     ("kimi_multiline_args", {OLD: ("", []), NEW: ("", [(0, GW, '{\n  "city": "Paris"\n}')])}),
     ("kimi_text_after_section", ("Sure.", [(0, GW, '{"city": "Lima"}')])),
     ("kimi_truncated_call", ("Calling.", [])),

@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def write_lines(path, lines):
     with open(path, "wb") as fh:
         for line in lines:
-            fh.write(line if isinstance(line, bytes) else (json.dumps(line) if not isinstance(line, str) else line).encode())
+            fh.write(
+                line if isinstance(line, bytes) else (json.dumps(line) if not isinstance(line, str) else line).encode()
+            )
             fh.write(b"\n")
     return path
 
@@ -33,11 +35,17 @@ def good(i, **extra):
         ({"id": "x", "messages": [{"role": "bot", "content": "hi"}]}, "field 'messages[0].role': unknown role 'bot'"),
         ({"id": "x", "messages": [{"role": "user", "content": "  "}]}, "field 'messages[0].content': empty content"),
         ({"id": "x", "messages": [{"role": "user", "content": 3}]}, "field 'messages[0].content'"),
-        ({"id": "x", "messages": [{"role": "user", "content": "hi"}], "tools": {"a": 1}}, "field 'tools': expected a list"),
+        (
+            {"id": "x", "messages": [{"role": "user", "content": "hi"}], "tools": {"a": 1}},
+            "field 'tools': expected a list",
+        ),
         ({"id": "x", "messages": [{"role": "system", "content": "be nice"}]}, "nothing to answer"),
         ({"id": "x", "messages": [{"role": "tool", "content": "42"}]}, "field 'messages[0].tool_call_id'"),
         ({"id": ["x"], "messages": [{"role": "user", "content": "hi"}]}, "field 'id'"),
-        ({"id": "x", "conversations": [{"from": "robot", "value": "hi"}]}, "field 'conversations[0].from': unknown speaker"),
+        (
+            {"id": "x", "conversations": [{"from": "robot", "value": "hi"}]},
+            "field 'conversations[0].from': unknown speaker",
+        ),
         ([1, 2], "expected a JSON object"),
     ],
 )
@@ -70,7 +78,15 @@ def test_trailing_assistant_message_is_dropped_for_regeneration(tmp_path):
 
 
 def test_sharegpt_is_normalized_to_openai_messages(tmp_path):
-    row = {"id": "s", "conversations": [{"from": "system", "value": "sys"}, {"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}, {"from": "human", "value": "again"}]}
+    row = {
+        "id": "s",
+        "conversations": [
+            {"from": "system", "value": "sys"},
+            {"from": "human", "value": "hi"},
+            {"from": "gpt", "value": "yo"},
+            {"from": "human", "value": "again"},
+        ],
+    }
     rows = read_prompts(write_lines(tmp_path / "p.jsonl", [row]))
     assert rows[0].messages == [
         {"role": "system", "content": "sys"},
@@ -84,13 +100,18 @@ def test_missing_id_gets_a_stable_content_hash(tmp_path):
     row = {"messages": [{"role": "user", "content": "no id here"}]}
     first = read_prompts(write_lines(tmp_path / "a.jsonl", [row]))[0].id
     second = read_prompts(write_lines(tmp_path / "b.jsonl", [good(1), row]))[1].id
-    other = read_prompts(write_lines(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "other"}]}]))[0].id
+    other = read_prompts(write_lines(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": "other"}]}]))[
+        0
+    ].id
     assert first == second != other
     assert first.startswith("sha256-")
 
 
 def test_text_parts_are_joined(tmp_path):
-    row = {"id": "p", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    row = {
+        "id": "p",
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+    }
     assert read_prompts(write_lines(tmp_path / "p.jsonl", [row]))[0].messages[0]["content"] == "ab"
 
 

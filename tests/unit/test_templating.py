@@ -6,20 +6,35 @@ from transformers import AutoTokenizer
 from eagle3_datagen.settings import Budget, ModelProfile
 from eagle3_datagen.templating import ChatTokenizer, ControlText, output_budget, token_id, tokenizer_fingerprint
 
-WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+WEATHER = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
 def qwen3(qwen3_tokenizer_dir):
-    profile = ModelProfile(name="qwen3", tokenizer=str(qwen3_tokenizer_dir), context_length=4096, stop_tokens=("<|im_end|>",))
+    profile = ModelProfile(
+        name="qwen3", tokenizer=str(qwen3_tokenizer_dir), context_length=4096, stop_tokens=("<|im_end|>",)
+    )
     return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir)), profile
 
 
 @pytest.fixture(scope="module")
 def kimi(kimi_tokenizer_dir):
     profile = ModelProfile(
-        name="kimi", tokenizer=str(kimi_tokenizer_dir), context_length=4096, stop_tokens=("<|im_end|>",),
-        chat_template_kwargs={"thinking": True}, prompt_suffix=("<think>",),
+        name="kimi",
+        tokenizer=str(kimi_tokenizer_dir),
+        context_length=4096,
+        stop_tokens=("<|im_end|>",),
+        chat_template_kwargs={"thinking": True},
+        prompt_suffix=("<think>",),
     )
     return AutoTokenizer.from_pretrained(str(kimi_tokenizer_dir)), profile
 
@@ -40,13 +55,16 @@ def test_qwen3_generation_prompt_is_reproduced_exactly(qwen3):
 
 def test_batched_ids_equal_apply_chat_template_row_by_row(qwen3):
     tok, profile = qwen3
-    conversations = [
-        [{"role": "user", "content": f"Question number {i}: {'why ' * i}?"}] for i in range(12)
-    ] + [[{"role": "user", "content": "Weather in Paris?"}], [{"role": "user", "content": "Weather in Oslo?"}]]
+    conversations = [[{"role": "user", "content": f"Question number {i}: {'why ' * i}?"}] for i in range(12)] + [
+        [{"role": "user", "content": "Weather in Paris?"}],
+        [{"role": "user", "content": "Weather in Oslo?"}],
+    ]
     tools = [None] * 12 + [WEATHER, WEATHER]
     got = [t.prompt_ids for t in ChatTokenizer(tok, profile).tokenize(conversations, tools)]
     for conv, tl, row in zip(conversations, tools, got):
-        assert row == tok.apply_chat_template(conv, tools=tl, add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert row == tok.apply_chat_template(
+            conv, tools=tl, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
 
 
 def test_kimi_shaped_prompt_ends_with_think(kimi):
@@ -59,7 +77,13 @@ def test_kimi_shaped_prompt_ends_with_think(kimi):
 
 def test_kimi_thinking_false_ends_with_empty_think_block(kimi):
     tok, _ = kimi
-    profile = ModelProfile(name="kimi", tokenizer="x", context_length=4096, stop_tokens=("<|im_end|>",), chat_template_kwargs={"thinking": False})
+    profile = ModelProfile(
+        name="kimi",
+        tokenizer="x",
+        context_length=4096,
+        stop_tokens=("<|im_end|>",),
+        chat_template_kwargs={"thinking": False},
+    )
     got = ids(ChatTokenizer(tok, profile), [{"role": "user", "content": "Hello"}])
     assert got[-2:] == [token_id(tok, "<think>"), token_id(tok, "</think>")]
 
@@ -77,7 +101,13 @@ def test_control_token_text_in_user_content_stays_text(request, fixture_name, li
     # ... yet the text survives a round trip exactly.
     assert literal in tok.decode(got)
     # A naive apply_chat_template would have turned it into the control token.
-    naive = tok.apply_chat_template([{"role": "user", "content": f"please explain the string {literal} here"}], add_generation_prompt=True, tokenize=True, return_dict=False, **profile.chat_template_kwargs)
+    naive = tok.apply_chat_template(
+        [{"role": "user", "content": f"please explain the string {literal} here"}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+        **profile.chat_template_kwargs,
+    )
     assert naive.count(control) == plain.count(control) + 1
 
 
@@ -139,5 +169,13 @@ def test_text_only_encoding_equals_a_tokenizer_without_added_tokens(request, fix
     spec["added_tokens"] = []
     reference = Tokenizer.from_str(json.dumps(spec))
     fast = TextOnlyEncoder(tok)
-    for text in ["<|im_end|>", " <think>", "</think>\n\n", "<|tool_calls_section_begin|>", "[BOS]", "日本語<|im_start|>x", "  <|endoftext|>  "]:
+    for text in [
+        "<|im_end|>",
+        " <think>",
+        "</think>\n\n",
+        "<|tool_calls_section_begin|>",
+        "[BOS]",
+        "日本語<|im_start|>x",
+        "  <|endoftext|>  ",
+    ]:
         assert fast.encode(text) == reference.encode(text, add_special_tokens=False).ids, text

@@ -12,12 +12,11 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import List, Optional, Tuple
 
 log = logging.getLogger("eagle3_datagen.engine")
 
 
-def _range(text: str) -> Tuple[float, float]:
+def _range(text: str) -> tuple[float, float]:
     lo, _, hi = text.partition(":")
     lo_f = float(lo)
     hi_f = float(hi) if hi else lo_f
@@ -45,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--context-length", type=int, required=True)
     p.add_argument("--record", type=Path, help="append one JSON line per served request here")
+    p.add_argument("--record-dir", type=Path, help="like --record, to DIR/<pid>.jsonl (one file per engine)")
     p.add_argument("--latency-ms", type=_range, help="added latency LO:HI in ms, uniform")
     p.add_argument("--error-rate", type=_rate, default=0.0, help="probability of HTTP 500/503")
     p.add_argument("--reset-rate", type=_rate, default=0.0, help="probability of a reset")
@@ -52,9 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-rids", help="regex: matching rids always get HTTP 500")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault RNG")
     p.add_argument("--max-batch", type=int, default=16, help="rows decoded together (model)")
-    p.add_argument(
-        "--token-delay-ms", type=float, default=0.0, help="pace of the scripted backend per token"
-    )
+    p.add_argument("--token-delay-ms", type=float, default=0.0, help="pace of the scripted backend per token")
     p.add_argument("--fail-startup", action="store_true", help="tests: exit with code 3 during start-up")
     p.add_argument("--never-healthy", action="store_true", help="tests: /health never answers 200")
     p.add_argument("--die-after", type=int, help="tests: exit abruptly after serving this many requests")
@@ -73,9 +71,7 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
         return 3
     tokenizer_dir = args.tokenizer_dir or args.model_dir
     if args.backend == "model":
-        backend = ModelBackend(
-            args.model_dir, tokenizer_dir=tokenizer_dir, max_batch=args.max_batch
-        )
+        backend = ModelBackend(args.model_dir, tokenizer_dir=tokenizer_dir, max_batch=args.max_batch)
     else:
         backend = ScriptedBackend(
             tokenizer_dir,
@@ -96,7 +92,7 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
         context_length=args.context_length,
         model_path=str(args.model_dir),
         tokenizer_path=str(tokenizer_dir),
-        record_path=args.record,
+        record_path=args.record or (args.record_dir / f"{os.getpid()}.jsonl" if args.record_dir else None),
         faults=faults,
     )
     app[ENGINE_KEY].never_healthy = args.never_healthy
@@ -109,7 +105,7 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
              args.port)  # fmt: skip
 
     stop = asyncio.Event()
-    reason: List[str] = []
+    reason: list[str] = []
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda s=sig: (reason.append(s.name), stop.set()))
@@ -119,7 +115,7 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), timeout=1.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         if os.getppid() != parent:
             reason.append(f"parent {parent} is gone")
@@ -133,7 +129,7 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
     return rc
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()  # first thing: the watch compares against the parent we started under
     args = build_parser().parse_args(argv)
     logging.basicConfig(

@@ -19,8 +19,9 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 from eagle3_datagen.engine import protocol
 from eagle3_datagen.engine.protocol import GenerateItem, SamplingParams
@@ -47,11 +48,11 @@ class Job:
     ):
         self.item = item
         self.rid = item.rid
-        self.input_ids: List[int] = list(item.input_ids)
+        self.input_ids: list[int] = list(item.input_ids)
         self.params: SamplingParams = item.params
         self.max_new_tokens = max_new_tokens
-        self.output_ids: List[int] = []
-        self.finish_reason: Optional[Dict[str, Any]] = None
+        self.output_ids: list[int] = []
+        self.finish_reason: dict[str, Any] | None = None
         self.started_running = False
         self._on_done = on_done
         self._abort = threading.Event()
@@ -85,7 +86,7 @@ class Job:
         if resolve:
             self._on_done(self)
 
-    def finish(self, finish_reason: Dict[str, Any]) -> None:
+    def finish(self, finish_reason: dict[str, Any]) -> None:
         with self._lock:
             if self.state == DONE:
                 return
@@ -103,11 +104,11 @@ class Backend:
         self.max_batch = max_batch
         self.tokenizer: Any = None
         self.eos_token_ids: frozenset = frozenset()
-        self.vocab_size: Optional[int] = None
-        self.model_type: Optional[str] = None
-        self.architectures: Optional[List[str]] = None
-        self._queue: "queue.Queue[Optional[Job]]" = queue.Queue()
-        self._thread: Optional[threading.Thread] = None
+        self.vocab_size: int | None = None
+        self.model_type: str | None = None
+        self.architectures: list[str] | None = None
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self.ready = threading.Event()
 
@@ -132,8 +133,8 @@ class Backend:
         self._queue.put(job)
 
     # -- worker
-    def _take(self, block: bool, limit: int) -> List[Job]:
-        jobs: List[Job] = []
+    def _take(self, block: bool, limit: int) -> list[Job]:
+        jobs: list[Job] = []
         try:
             first = self._queue.get(timeout=0.1) if block else self._queue.get_nowait()
         except queue.Empty:
@@ -180,7 +181,7 @@ def load_tokenizer(tokenizer_dir: Path):
     return AutoTokenizer.from_pretrained(str(tokenizer_dir))
 
 
-def _read_config(model_dir: Optional[Path]) -> Dict[str, Any]:
+def _read_config(model_dir: Path | None) -> dict[str, Any]:
     if model_dir is None:
         return {}
     path = Path(model_dir) / "config.json"
@@ -216,7 +217,7 @@ class ScriptedBackend(Backend):
         self,
         tokenizer_dir: Path,
         *,
-        model_dir: Optional[Path] = None,
+        model_dir: Path | None = None,
         token_delay_s: float = 0.0,
         max_batch: int = 16,
         ramble_rate: float = 0.15,
@@ -240,7 +241,7 @@ class ScriptedBackend(Backend):
             self.model_dir if self.model_dir is not None else self.tokenizer_dir, tok.eos_token_id
         )
 
-        def tid(token: str) -> Optional[int]:
+        def tid(token: str) -> int | None:
             i = tok.convert_tokens_to_ids(token)
             return None if i is None or i == tok.unk_token_id and token != tok.unk_token else i
 
@@ -269,14 +270,14 @@ class ScriptedBackend(Backend):
         h.update(json.dumps([job.input_ids, job.params.sampling_seed]).encode())
         return random.Random(int.from_bytes(h.digest()[:8], "big"))
 
-    def _words(self, rng: random.Random, n: int) -> List[int]:
-        out: List[int] = []
+    def _words(self, rng: random.Random, n: int) -> list[int]:
+        out: list[int] = []
         start = rng.randrange(len(self.word_ids))
         for k in range(n):
             out.extend(self.word_ids[(start + k) % len(self.word_ids)])
         return out
 
-    def _tool_section(self, rng: random.Random, prompt_text: str) -> Optional[List[int]]:
+    def _tool_section(self, rng: random.Random, prompt_text: str) -> list[int] | None:
         names = re.findall(r'"name"\s*:\s*"([A-Za-z0-9_\-\.]+)"', prompt_text)
         name = names[0] if names else "get_weather"
         args = json.dumps({"city": rng.choice(["Paris", "Berlin", "Tokyo"])})
@@ -295,10 +296,10 @@ class ScriptedBackend(Backend):
             return [q["<tool_call>"]] + self.enc("\n" + body + "\n") + [q["</tool_call>"]]
         return None
 
-    def plan(self, job: Job) -> List[int]:
+    def plan(self, job: Job) -> list[int]:
         """The full intended output for `job`, before stopping rules cut or extend it."""
         rng = self._rng(job)
-        planned: List[int] = []
+        planned: list[int] = []
         if self.think_id is not None and (not job.input_ids or job.input_ids[-1] != self.think_id):
             planned += [self.think_id] + self.enc("\n")
         kind = "answer"
@@ -311,8 +312,7 @@ class ScriptedBackend(Backend):
         planned.append(self.think_end_id)
         tool = None
         if rng.random() < self.tool_rate and (
-            self.kimi_tool["<|tool_calls_section_begin|>"] is not None
-            or self.qwen_tool["<tool_call>"] is not None
+            self.kimi_tool["<|tool_calls_section_begin|>"] is not None or self.qwen_tool["<tool_call>"] is not None
         ):
             prompt_text = self.tokenizer.decode(job.input_ids[-4096:], skip_special_tokens=False)
             tool = self._tool_section(rng, prompt_text)
@@ -325,7 +325,7 @@ class ScriptedBackend(Backend):
             planned.append(stop)
         return planned
 
-    def _preferred_stop(self, job: Job) -> Optional[int]:
+    def _preferred_stop(self, job: Job) -> int | None:
         candidates = set(self.eos_token_ids) | set(job.params.stop_token_ids)
         if not candidates:
             return None
@@ -390,7 +390,7 @@ class _Row:
         self.stop_ids = stop_ids
         self.banned = banned
         self.decode = decode
-        self.counts: Dict[int, int] = {}
+        self.counts: dict[int, int] = {}
 
 
 class ModelBackend(Backend):
@@ -411,7 +411,7 @@ class ModelBackend(Backend):
         self,
         model_dir: Path,
         *,
-        tokenizer_dir: Optional[Path] = None,
+        tokenizer_dir: Path | None = None,
         max_batch: int = 16,
         num_threads: int = 1,
         dtype: str = "float32",
@@ -430,26 +430,22 @@ class ModelBackend(Backend):
 
         torch.set_num_threads(self.num_threads)
         self.tokenizer = load_tokenizer(self.tokenizer_dir)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(self.model_dir), dtype=getattr(torch, self.dtype)
-        )
+        model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=getattr(torch, self.dtype))
         model.eval()
         self.model = model
         cfg = _read_config(self.model_dir)
         self.model_type = cfg.get("model_type")
         self.architectures = cfg.get("architectures")
         self.vocab_size = int(model.config.vocab_size)
-        self.eos_token_ids = protocol.read_eos_token_ids(
-            self.model_dir, self.tokenizer.eos_token_id
-        )
+        self.eos_token_ids = protocol.read_eos_token_ids(self.model_dir, self.tokenizer.eos_token_id)
 
     # -- cache surgery
     @staticmethod
-    def _kv(cache) -> List[tuple]:
+    def _kv(cache) -> list[tuple]:
         return [(layer.keys, layer.values) for layer in cache.layers]
 
     @staticmethod
-    def _cache(kv: List[tuple]):
+    def _cache(kv: list[tuple]):
         from transformers import DynamicCache
 
         return DynamicCache(ddp_cache_data=kv)
@@ -479,13 +475,11 @@ class ModelBackend(Backend):
                     torch.cat([self._left_pad(bv, length, 2), self._left_pad(nv, length, 2)], 0),
                 )
             )
-        mask = torch.cat(
-            [self._left_pad(batch_mask, length, 1), self._left_pad(new_mask, length, 1)], 0
-        )
+        mask = torch.cat([self._left_pad(batch_mask, length, 1), self._left_pad(new_mask, length, 1)], 0)
         return kv, mask
 
     @staticmethod
-    def _select(kv, mask, keep: List[int]):
+    def _select(kv, mask, keep: list[int]):
         import torch
 
         idx = torch.tensor(keep, dtype=torch.long)
@@ -494,10 +488,7 @@ class ModelBackend(Backend):
         real = mask.any(dim=0).nonzero()
         first = int(real[0]) if real.numel() else 0
         mask = mask[:, first:]
-        kv = [
-            (k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:])
-            for k, v in kv
-        ]
+        kv = [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:]) for k, v in kv]
         return kv, mask
 
     # -- sampling
@@ -509,9 +500,7 @@ class ModelBackend(Backend):
         if params.logit_bias:
             for k, v in params.logit_bias.items():
                 logits[int(k)] += float(v)
-        if row.counts and (
-            params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0
-        ):
+        if row.counts and (params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0):
             ids = torch.tensor(list(row.counts), dtype=torch.long)
             cnt = torch.tensor(list(row.counts.values()), dtype=logits.dtype)
             sel = logits[ids]
@@ -566,7 +555,7 @@ class ModelBackend(Backend):
         import torch
 
         torch.set_num_threads(self.num_threads)
-        rows: List[_Row] = []
+        rows: list[_Row] = []
         kv = None
         mask = None
         with torch.inference_mode():
@@ -589,7 +578,7 @@ class ModelBackend(Backend):
                 if not rows:
                     continue
                 # Sample one token per row; finished rows leave the batch.
-                keep: List[int] = []
+                keep: list[int] = []
                 for i, row in enumerate(rows):
                     job = row.job
                     if job.abort_requested:

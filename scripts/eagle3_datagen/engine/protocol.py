@@ -21,8 +21,9 @@ import dataclasses
 import json
 import math
 import uuid
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any
 
 SGLANG_VERSION = "0.5.23"
 TOP_K_ALL = 1 << 30
@@ -32,7 +33,7 @@ DEFAULT_WEIGHT_VERSION = "default"
 
 # `_FIELDS_SamplingParams` of sglang/api/v1/api_types.py (0.5.23), in its order: the order matters,
 # it is the list printed in the unknown-field error.
-SAMPLING_PARAM_FIELDS: Tuple[str, ...] = (
+SAMPLING_PARAM_FIELDS: tuple[str, ...] = (
     "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
     "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n",
     "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
@@ -41,7 +42,7 @@ SAMPLING_PARAM_FIELDS: Tuple[str, ...] = (
 )  # fmt: skip
 
 # Defaults of `SamplingParams` in srt/sampling/sampling_params.py (top_k -1 is stored as TOP_K_ALL).
-SAMPLING_DEFAULTS: Dict[str, Any] = {
+SAMPLING_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 128,
     "stop": None,
     "stop_token_ids": None,
@@ -76,7 +77,7 @@ SAMPLING_DEFAULTS: Dict[str, Any] = {
 class RequestError(Exception):
     """A request the server refuses: `status` and the JSON `body` to answer with."""
 
-    def __init__(self, body: Dict[str, Any], status: int = 400):
+    def __init__(self, body: dict[str, Any], status: int = 400):
         super().__init__(json.dumps(body))
         self.body = body
         self.status = status
@@ -89,12 +90,12 @@ class RequestError(Exception):
         return str(err)
 
 
-def error_body(message: str) -> Dict[str, Any]:
+def error_body(message: str) -> dict[str, Any]:
     """`http_server._create_error_response`: a ValueError from the tokenizer manager."""
     return {"error": {"message": message}}
 
 
-def contract_error_body(text: str) -> Dict[str, Any]:
+def contract_error_body(text: str) -> dict[str, Any]:
     """`http_server.generate_request`: the request-schema check's refusal."""
     return {"error": text}
 
@@ -227,7 +228,7 @@ def _check_token_ids_or_list(v: Any) -> None:
             _check_seq(row, _int)
 
 
-def contract_error(body: Any) -> Optional[str]:
+def contract_error(body: Any) -> str | None:
     """The schema violation in a parsed `/generate` body, or None (api_contract.py).
 
     Top-level keys the schema does not know are ignored, as in 0.5.23; unknown keys inside
@@ -268,8 +269,8 @@ def contract_error(body: Any) -> Optional[str]:
 class SamplingParams:
     """One request's sampling parameters after SGLang's `__post_init__` and `normalize`."""
 
-    max_new_tokens: Optional[int] = 128
-    stop_strs: Tuple[str, ...] = ()
+    max_new_tokens: int | None = 128
+    stop_strs: tuple[str, ...] = ()
     stop_token_ids: frozenset = frozenset()
     temperature: float = 1.0
     top_p: float = 1.0
@@ -284,8 +285,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
-    logit_bias: Optional[Dict[str, float]] = None
-    sampling_seed: Optional[int] = None
+    logit_bias: dict[str, float] | None = None
+    sampling_seed: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -293,7 +294,7 @@ class SamplingParams:
         return self.top_k == 1
 
     @classmethod
-    def from_request(cls, raw: Optional[Dict[str, Any]]) -> "SamplingParams":
+    def from_request(cls, raw: dict[str, Any] | None) -> "SamplingParams":
         """Build from the request's dict: None means default, as in `__post_init__`."""
         raw = dict(raw or {})
         d = {k: v for k, v in SAMPLING_DEFAULTS.items()}
@@ -305,9 +306,7 @@ class SamplingParams:
         stop = d["stop"]
         stop_strs = (stop,) if isinstance(stop, str) else tuple(stop or ())
         if len(stop_strs) > MAX_STOP_COUNT:
-            raise value_error(
-                f"at most {MAX_STOP_COUNT} stop strings are allowed, got {len(stop_strs)}"
-            )
+            raise value_error(f"at most {MAX_STOP_COUNT} stop strings are allowed, got {len(stop_strs)}")
         stop_ids = frozenset(int(t) for t in (d["stop_token_ids"] or ()) if t is not None)
         temperature = float(d["temperature"])
         top_k = int(d["top_k"])
@@ -339,9 +338,7 @@ class SamplingParams:
     def verify(self, vocab_size: int) -> None:
         """`SamplingParams.verify`: the same checks and texts (ValueError → HTTP 400)."""
         if not math.isfinite(self.temperature) or self.temperature < 0.0:
-            raise value_error(
-                f"temperature must be a non-negative finite number, got {self.temperature}."
-            )
+            raise value_error(f"temperature must be a non-negative finite number, got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
             raise value_error(f"top_p must be in (0, 1], got {self.top_p}.")
         if not 0.0 <= self.min_p <= 1.0:
@@ -349,38 +346,28 @@ class SamplingParams:
         if self.top_k < 1 or self.top_k == -1:
             raise value_error(f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
         if not -2.0 <= self.frequency_penalty <= 2.0:
-            raise value_error(
-                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}."
-            )
+            raise value_error(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
         if not -2.0 <= self.presence_penalty <= 2.0:
             raise value_error(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
         if not 0.0 < self.repetition_penalty <= 2.0:
             raise value_error(
-                "repetition_penalty must be in (0, 2] (1.0 = no penalty), "
-                f"got {self.repetition_penalty}."
+                f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {self.repetition_penalty}."
             )
         if not 0 <= self.min_new_tokens:
-            raise value_error(
-                f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}."
-            )
+            raise value_error(f"min_new_tokens must be in [0, max_new_tokens], got {self.min_new_tokens}.")
         if self.max_new_tokens is not None:
             if self.max_new_tokens < 0:
                 raise value_error(f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
             if not self.min_new_tokens <= self.max_new_tokens:
                 raise value_error(
-                    f"min_new_tokens must be in [0, max_new_tokens({self.max_new_tokens})], "
-                    f"got {self.min_new_tokens}."
+                    f"min_new_tokens must be in [0, max_new_tokens({self.max_new_tokens})], got {self.min_new_tokens}."
                 )
         if self.logit_bias is not None:
             for token_id in self.logit_bias:
                 if not 0 <= int(token_id) < vocab_size:
-                    raise value_error(
-                        f"logit_bias must has keys in [0, {vocab_size - 1}], got {token_id}."
-                    )
+                    raise value_error(f"logit_bias must has keys in [0, {vocab_size - 1}], got {token_id}.")
         if self.sampling_seed is not None and not -(2**63) <= self.sampling_seed <= 2**63 - 1:
-            raise value_error(
-                f"sampling_seed must be in [-2**63, 2**63 - 1], got {self.sampling_seed}."
-            )
+            raise value_error(f"sampling_seed must be in [-2**63, 2**63 - 1], got {self.sampling_seed}.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,14 +380,14 @@ class GenerateItem:
 
     index: int
     rid: str
-    input_ids: List[int]
-    sampling_params: Dict[str, Any]  # as received
+    input_ids: list[int]
+    sampling_params: dict[str, Any]  # as received
     params: SamplingParams
 
 
 @dataclasses.dataclass
 class ParsedGenerate:
-    items: List[GenerateItem]
+    items: list[GenerateItem]
     is_single: bool
     stream: bool
 
@@ -408,7 +395,7 @@ class ParsedGenerate:
 def parse_generate_body(
     body: Any,
     *,
-    tokenize: Optional[Callable[[str], List[int]]] = None,
+    tokenize: Callable[[str], list[int]] | None = None,
     new_rid: Callable[[], str] = lambda: uuid.uuid4().hex,
 ) -> ParsedGenerate:
     """Split a `/generate` JSON body into single requests; raise RequestError as SGLang would.
@@ -448,12 +435,10 @@ def parse_generate_body(
         n = (sp[0].get("n") or 1) if sp else 1
         for s in sp:
             if (s.get("n") or 1) != n:
-                raise value_error(
-                    "The parallel_sample_num should be the same for all samples in sample params."
-                )
+                raise value_error("The parallel_sample_num should be the same for all samples in sample params.")
 
     if is_single:
-        prompts: List[Any] = [input_ids if input_ids is not None else texts]
+        prompts: list[Any] = [input_ids if input_ids is not None else texts]
     else:
         prompts = list(input_ids if input_ids is not None else texts)
         if input_ids is not None and prompts and not isinstance(prompts[0], list):
@@ -473,9 +458,7 @@ def parse_generate_body(
             rids = [f"{rid}_{i}" for i in range(batch_size)]
         else:
             if len(rid) != batch_size:
-                raise value_error(
-                    "The specified rids length mismatch with the batch_size for batch processing."
-                )
+                raise value_error("The specified rids length mismatch with the batch_size for batch processing.")
             rids = list(rid)
     if len(set(rids)) != len(rids):
         dups = [r for r in dict.fromkeys(rids) if rids.count(r) > 1]
@@ -488,7 +471,7 @@ def parse_generate_body(
             raise value_error("The length of sampling_params should be equal to the batch size.")
         sps = [dict(s) for s in sp]
 
-    items: List[GenerateItem] = []
+    items: list[GenerateItem] = []
     for i in range(batch_size):
         prompt = prompts[i]
         if isinstance(prompt, str):
@@ -520,7 +503,7 @@ def parse_generate_body(
     return ParsedGenerate(items, is_single, bool(body.get("stream")))
 
 
-def validate_item(item: GenerateItem, *, context_len: int, vocab_size: Optional[int]) -> None:
+def validate_item(item: GenerateItem, *, context_len: int, vocab_size: int | None) -> None:
     """`_validate_one_request` (lengths) then `SamplingParams.verify`, for one item."""
     validate_lengths(len(item.input_ids), item.sampling_params.get("max_new_tokens"), context_len)
     if vocab_size is not None:
@@ -528,13 +511,11 @@ def validate_item(item: GenerateItem, *, context_len: int, vocab_size: Optional[
         if bad:
             # SGLang has no such check (an out-of-range id fails inside the model); the local
             # engine refuses it up front instead of crashing the worker.
-            raise value_error(
-                f"Token id {bad[0]} in input_ids is outside the vocabulary [0, {vocab_size})."
-            )
+            raise value_error(f"Token id {bad[0]} in input_ids is outside the vocabulary [0, {vocab_size}).")
     item.params.verify(vocab_size if vocab_size is not None else 1 << 62)
 
 
-def validate_lengths(input_len: int, max_new_tokens: Optional[int], context_len: int) -> None:
+def validate_lengths(input_len: int, max_new_tokens: int | None, context_len: int) -> None:
     """tokenizer_manager._validate_one_request (0.5.23) without auto-truncation.
 
     `max_new_tokens` is the value the request sent (None when it sent none): SGLang checks the
@@ -542,8 +523,7 @@ def validate_lengths(input_len: int, max_new_tokens: Optional[int], context_len:
     """
     if input_len >= context_len:
         raise value_error(
-            f"The input ({input_len} tokens) is longer than the "
-            f"model's context length ({context_len} tokens)."
+            f"The input ({input_len} tokens) is longer than the model's context length ({context_len} tokens)."
         )
     if max_new_tokens is not None and (max_new_tokens + input_len) > context_len:
         total_tokens = max_new_tokens + input_len
@@ -556,9 +536,7 @@ def validate_lengths(input_len: int, max_new_tokens: Optional[int], context_len:
         )
 
 
-def effective_max_new_tokens(
-    input_len: int, max_new_tokens: Optional[int], context_len: int
-) -> int:
+def effective_max_new_tokens(input_len: int, max_new_tokens: int | None, context_len: int) -> int:
     """scheduler.init_req_max_new_tokens: clamp to `max_req_len - input_len - 1`.
 
     `max_req_len` is `context_len - 1` (a KV pool at least as large as the context), so a request
@@ -572,21 +550,21 @@ def effective_max_new_tokens(
 # Finish reasons (schedule_batch.py FINISH_*.to_json) and stopping (Req.update_finish_state).
 
 
-def finish_matched_token(token_id: int) -> Dict[str, Any]:
+def finish_matched_token(token_id: int) -> dict[str, Any]:
     return {"type": "stop", "matched": int(token_id)}
 
 
-def finish_matched_str(stop_str: str) -> Dict[str, Any]:
+def finish_matched_str(stop_str: str) -> dict[str, Any]:
     return {"type": "stop", "matched": stop_str}
 
 
-def finish_length(length: int) -> Dict[str, Any]:
+def finish_length(length: int) -> dict[str, Any]:
     return {"type": "length", "length": int(length)}
 
 
 def finish_abort(
-    message: Optional[str] = None, status_code: Optional[int] = None, err_type: Optional[str] = None
-) -> Dict[str, Any]:
+    message: str | None = None, status_code: int | None = None, err_type: str | None = None
+) -> dict[str, Any]:
     """FINISH_ABORT: a running request aborted by /abort_request or a disconnect."""
     return {
         "type": "abort",
@@ -596,7 +574,7 @@ def finish_abort(
     }
 
 
-def finish_abort_waiting(message: Optional[str] = None) -> Dict[str, Any]:
+def finish_abort_waiting(message: str | None = None) -> dict[str, Any]:
     """tokenizer_manager._handle_abort_req: a request aborted before it ran."""
     return {"type": "abort", "message": message or "Abort in waiting queue"}
 
@@ -623,8 +601,8 @@ def check_finish(
     params: SamplingParams,
     stop_ids: frozenset,
     max_new_tokens: int,
-    decode: Optional[Callable[[Sequence[int]], str]] = None,
-) -> Optional[Dict[str, Any]]:
+    decode: Callable[[Sequence[int]], str] | None = None,
+) -> dict[str, Any] | None:
     """Finish reason after the last token of `output_ids` was appended, or None to go on.
 
     Order as `Req.update_finish_state`: stop string, then stop token, then length.
@@ -641,9 +619,7 @@ def check_finish(
     return None
 
 
-def text_ids(
-    output_ids: Sequence[int], finish_reason: Optional[Dict[str, Any]], no_stop_trim: bool
-):
+def text_ids(output_ids: Sequence[int], finish_reason: dict[str, Any] | None, no_stop_trim: bool):
     """The ids `text` is decoded from: a matched stop token is dropped unless `no_stop_trim`."""
     ids = list(output_ids)
     matched = (finish_reason or {}).get("matched")
@@ -652,7 +628,7 @@ def text_ids(
     return ids
 
 
-def trim_stop_str(text: str, finish_reason: Optional[Dict[str, Any]], no_stop_trim: bool) -> str:
+def trim_stop_str(text: str, finish_reason: dict[str, Any] | None, no_stop_trim: bool) -> str:
     """detokenizer_manager.trim_matched_stop for a matched stop string."""
     matched = (finish_reason or {}).get("matched")
     if isinstance(matched, str):
@@ -666,7 +642,7 @@ def trim_stop_str(text: str, finish_reason: Optional[Dict[str, Any]], no_stop_tr
 def decode_output_text(
     tokenizer: Any,
     output_ids: Sequence[int],
-    finish_reason: Optional[Dict[str, Any]],
+    finish_reason: dict[str, Any] | None,
     params: SamplingParams,
 ) -> str:
     """`text` of a response: decode as the detokenizer does, then trim the matched stop."""
@@ -684,17 +660,17 @@ def build_response(
     rid: str,
     text: str,
     output_ids: Sequence[int],
-    finish_reason: Dict[str, Any],
-    prompt_tokens: Optional[int],
+    finish_reason: dict[str, Any],
+    prompt_tokens: int | None,
     cached_tokens: int = 0,
     e2e_latency: float = 0.0,
     weight_version: str = DEFAULT_WEIGHT_VERSION,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     """A non-streamed `/generate` answer for one request (tokenizer_manager._handle_batch_output).
 
     A request aborted before it ran has no `prompt_tokens` (`_handle_abort_req`): pass None.
     """
-    meta: Dict[str, Any] = {"id": rid, "finish_reason": finish_reason}
+    meta: dict[str, Any] = {"id": rid, "finish_reason": finish_reason}
     if prompt_tokens is not None:
         meta.update(
             {
@@ -716,7 +692,7 @@ def build_response(
 # Model facts.
 
 
-def read_eos_token_ids(model_dir: Optional[Path], tokenizer_eos_id: Optional[int]) -> frozenset:
+def read_eos_token_ids(model_dir: Path | None, tokenizer_eos_id: int | None) -> frozenset:
     """model_config._get_hf_eos_token_id plus `tokenizer.eos_token_id` (schedule_batch checks it).
 
     Union of config.json and generation_config.json `eos_token_id` (int or list) and the

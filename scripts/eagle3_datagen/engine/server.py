@@ -23,7 +23,7 @@ import random
 import re
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from aiohttp import web
 
@@ -47,11 +47,11 @@ class Faults:
     fail_rids: a regex; a body with a rid it matches (re.search) always gets HTTP 500.
     """
 
-    latency_ms: Optional[Tuple[float, float]] = None
+    latency_ms: tuple[float, float] | None = None
     error_rate: float = 0.0
     reset_rate: float = 0.0
     hang_rate: float = 0.0
-    fail_rids: Optional[str] = None
+    fail_rids: str | None = None
     seed: int = 0
 
     def __post_init__(self):
@@ -61,7 +61,7 @@ class Faults:
         self._rng = random.Random(self.seed)
         self._fail = re.compile(self.fail_rids) if self.fail_rids else None
 
-    def draw(self, rids: List[str]) -> Tuple[Optional[str], Optional[int], float]:
+    def draw(self, rids: list[str]) -> tuple[str | None, int | None, float]:
         """(fault kind or None, HTTP status for "error", latency in seconds) for one request."""
         if self._fail is not None:
             for rid in rids:
@@ -85,7 +85,7 @@ class Faults:
 class Recorder:
     """Append-only JSON lines, flushed per line."""
 
-    def __init__(self, path: Optional[Path]):
+    def __init__(self, path: Path | None):
         self.path = Path(path) if path is not None else None
         self._fh = None
         if self.path is not None:
@@ -105,9 +105,7 @@ class Recorder:
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(
-        text=json.dumps(data, ensure_ascii=False), status=status, content_type="application/json"
-    )
+    return web.Response(text=json.dumps(data, ensure_ascii=False), status=status, content_type="application/json")
 
 
 def _disconnected(request: web.Request) -> bool:
@@ -125,9 +123,9 @@ class EngineServer:
         context_length: int,
         model_path: str,
         tokenizer_path: str,
-        record_path: Optional[Path],
+        record_path: Path | None,
         version: str,
-        faults: Optional[Faults],
+        faults: Faults | None,
     ):
         self.backend = backend
         self.context_length = context_length
@@ -136,14 +134,14 @@ class EngineServer:
         self.version = version
         self.faults = faults or Faults()
         self.recorder = Recorder(record_path)
-        self.inflight: Dict[str, Job] = {}
+        self.inflight: dict[str, Job] = {}
         self.startup_time = time.time()
-        self.load_error: Optional[BaseException] = None
-        self._start_task: Optional[asyncio.Task] = None
+        self.load_error: BaseException | None = None
+        self._start_task: asyncio.Task | None = None
         self._background: set = set()
         # Test modes of the CLI: a server that never becomes healthy, one that dies mid-run.
         self.never_healthy = False
-        self.die_after: Optional[int] = None
+        self.die_after: int | None = None
         self.served = 0
 
     # -- lifecycle
@@ -173,15 +171,10 @@ class EngineServer:
     @property
     def ready(self) -> bool:
         worker = getattr(self.backend, "_thread", None)
-        return (
-            self.backend.ready.is_set()
-            and self.load_error is None
-            and worker is not None
-            and worker.is_alive()
-        )
+        return self.backend.ready.is_set() and self.load_error is None and worker is not None and worker.is_alive()
 
     # -- record
-    def _record_body(self, body: Any, status: Optional[int], t_start: float, *, error=None,
+    def _record_body(self, body: Any, status: int | None, t_start: float, *, error=None,
                      fault=None) -> None:  # fmt: skip
         body = body if isinstance(body, dict) else {}
         self.recorder.write(
@@ -218,7 +211,7 @@ class EngineServer:
                 os._exit(5)
 
     # -- /generate
-    def _tokenize(self, text: str) -> List[int]:
+    def _tokenize(self, text: str) -> list[int]:
         return list(self.backend.tokenizer.encode(text))
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
@@ -245,9 +238,7 @@ class EngineServer:
                 if item.rid in self.inflight:
                     raise protocol.value_error(f"Duplicate request ID detected: {item.rid}")
             for item in parsed.items:
-                protocol.validate_item(
-                    item, context_len=self.context_length, vocab_size=self.backend.vocab_size
-                )
+                protocol.validate_item(item, context_len=self.context_length, vocab_size=self.backend.vocab_size)
         except RequestError as e:
             log.info("400 for rid=%s: %s", body.get("rid") if isinstance(body, dict) else None,
                      e.message)  # fmt: skip
@@ -255,8 +246,8 @@ class EngineServer:
             return _json(e.body, e.status)
 
         loop = asyncio.get_running_loop()
-        futures: List[asyncio.Future] = []
-        jobs: List[Job] = []
+        futures: list[asyncio.Future] = []
+        jobs: list[Job] = []
         for item in parsed.items:
             fut = loop.create_future()
 
@@ -297,11 +288,7 @@ class EngineServer:
     async def _serve(self, request, body, parsed, jobs, futures, t_start) -> web.StreamResponse:
         kind, status, delay = self.faults.draw([j.rid for j in jobs])
         if kind in ("fail_rid", "error"):
-            detail = (
-                f"Injected failure for rid {jobs[0].rid}"
-                if kind == "fail_rid"
-                else f"Injected HTTP {status}"
-            )
+            detail = f"Injected failure for rid {jobs[0].rid}" if kind == "fail_rid" else f"Injected HTTP {status}"
             self._record_body(body, status, t_start, error=detail, fault=kind)
             for job in jobs:
                 job.request_abort()
@@ -381,7 +368,7 @@ class EngineServer:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.ready and not self.never_healthy else 503)
 
-    def server_info_dict(self) -> Dict[str, Any]:
+    def server_info_dict(self) -> dict[str, Any]:
         return {
             "model_path": self.model_path,
             "tokenizer_path": self.tokenizer_path,
@@ -480,9 +467,9 @@ def create_app(
     context_length: int,
     model_path: str,
     tokenizer_path: str,
-    record_path: Optional[Path] = None,
+    record_path: Path | None = None,
     version: str = protocol.SGLANG_VERSION,
-    faults: Optional[Faults] = None,
+    faults: Faults | None = None,
 ) -> web.Application:
     """The local engine's web app. The backend starts (loads) in the background at app start;
     `/health` answers 503 until it is ready."""

@@ -5,7 +5,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from eagle3_datagen.checks import check_sequences
+from eagle3_datagen.check_sequences import check_rows as check_sequences
 from eagle3_datagen.settings import ModelProfile
 from eagle3_datagen.templating import ChatTokenizer, token_id
 
@@ -13,8 +13,14 @@ from eagle3_datagen.templating import ChatTokenizer, token_id
 @pytest.fixture(scope="module")
 def kimi(kimi_tokenizer_dir):
     profile = ModelProfile(
-        name="kimi", tokenizer=str(kimi_tokenizer_dir), context_length=4096, stop_tokens=("<|im_end|>",),
-        chat_template_kwargs={"thinking": True}, prompt_suffix=("<think>",), prompt_only_tokens=("<think>",), reasoning_end="</think>",
+        name="kimi",
+        tokenizer=str(kimi_tokenizer_dir),
+        context_length=4096,
+        stop_tokens=("<|im_end|>",),
+        chat_template_kwargs={"thinking": True},
+        prompt_suffix=("<think>",),
+        prompt_only_tokens=("<think>",),
+        reasoning_end="</think>",
     )
     return AutoTokenizer.from_pretrained(str(kimi_tokenizer_dir)), profile
 
@@ -22,9 +28,23 @@ def kimi(kimi_tokenizer_dir):
 def make_row(tok, profile, row_id, text="What is 2+2?"):
     messages = [{"role": "user", "content": text}]
     prompt_ids = ChatTokenizer(tok, profile).tokenize([messages], [None])[0].prompt_ids
-    answer = tok.encode("Adding.", add_special_tokens=False) + [token_id(tok, "</think>")] + tok.encode("4", add_special_tokens=False) + [token_id(tok, "<|im_end|>")]
+    answer = (
+        tok.encode("Adding.", add_special_tokens=False)
+        + [token_id(tok, "</think>")]
+        + tok.encode("4", add_special_tokens=False)
+        + [token_id(tok, "<|im_end|>")]
+    )
     prompt = {"id": row_id, "sample_index": 0, "status": "ok", "messages": json.dumps(messages), "tools": ""}
-    gen = {"id": row_id, "sample_index": 0, "status": "ok", "prompt_ids": prompt_ids, "output_ids": answer, "finish_type": "stop", "finish_matched": str(answer[-1]), "max_new_tokens": 64}
+    gen = {
+        "id": row_id,
+        "sample_index": 0,
+        "status": "ok",
+        "prompt_ids": prompt_ids,
+        "output_ids": answer,
+        "finish_type": "stop",
+        "finish_matched": str(answer[-1]),
+        "max_new_tokens": 64,
+    }
     return prompt, gen
 
 
@@ -43,7 +63,10 @@ def test_a_well_formed_row_passes(kimi):
 @pytest.mark.parametrize(
     "rule, mutate",
     [
-        ("prompt_matches_template", lambda g, t: g.update(prompt_ids=g["prompt_ids"][:3] + [g["prompt_ids"][3] + 1] + g["prompt_ids"][4:])),
+        (
+            "prompt_matches_template",
+            lambda g, t: g.update(prompt_ids=g["prompt_ids"][:3] + [g["prompt_ids"][3] + 1] + g["prompt_ids"][4:]),
+        ),
         ("prompt_suffix", lambda g, t: g.update(prompt_ids=g["prompt_ids"][:-1])),
         ("no_prompt_only_tokens", lambda g, t: g.update(output_ids=[token_id(t, "<think>")] + g["output_ids"])),
         ("ends_with_stop", lambda g, t: g.update(output_ids=g["output_ids"][:-1], finish_matched="")),
@@ -62,7 +85,9 @@ def test_each_violation_is_caught_and_named(kimi, rule, mutate):
 
 def test_a_length_finish_needs_no_stop_token(kimi):
     tok, profile = kimi
-    report = run(tok, profile, lambda g, t: g.update(output_ids=g["output_ids"][:-1], finish_type="length", finish_matched=""))
+    report = run(
+        tok, profile, lambda g, t: g.update(output_ids=g["output_ids"][:-1], finish_type="length", finish_matched="")
+    )
     assert report.violations == []
 
 

@@ -4,9 +4,15 @@ The summary counts every input row exactly once, as ok (exported), skipped, fail
 """
 
 import json
+import logging
 from pathlib import Path
 
 import pandas as pd
+
+from .figures import plot_lengths
+from .tables import read_rows
+
+log = logging.getLogger(__name__)
 
 STATUSES = ("ok", "skipped", "failed", "filtered")
 
@@ -38,8 +44,16 @@ def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
     for col in ("rows", *STATUSES, "prompt_tokens", "output_tokens"):
         total[col] = int(frame[col].sum())
     ok_total = int(frame["ok"].sum()) + int(frame["filtered"].sum())
-    total["mean_output_tokens"] = round(float((frame["mean_output_tokens"] * (frame["ok"] + frame["filtered"])).sum()) / ok_total, 1) if ok_total else 0.0
-    total["truncated_share"] = round(float((frame["truncated_share"] * (frame["ok"] + frame["filtered"])).sum()) / ok_total, 4) if ok_total else 0.0
+    total["mean_output_tokens"] = (
+        round(float((frame["mean_output_tokens"] * (frame["ok"] + frame["filtered"])).sum()) / ok_total, 1)
+        if ok_total
+        else 0.0
+    )
+    total["truncated_share"] = (
+        round(float((frame["truncated_share"] * (frame["ok"] + frame["filtered"])).sum()) / ok_total, 4)
+        if ok_total
+        else 0.0
+    )
     frame = pd.concat([frame, pd.DataFrame([total])], ignore_index=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, sep="\t", index=False)
@@ -49,3 +63,19 @@ def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
 def read_jsonl(path: str | Path) -> list[dict]:
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def summarize(
+    *, categories: list[str], generations: list[Path], rejected: list[Path], summary: Path, lengths_png: Path
+) -> pd.DataFrame:
+    """Count every row by status, tokens in and out, and draw the length figure."""
+    rows, lengths = [], {}
+    for category, gen_path, rej_path in zip(categories, generations, rejected):
+        gens = read_rows(gen_path)
+        rows.append(category_summary(category, gens, read_jsonl(rej_path)))
+        ok = [g for g in gens if g["status"] == "ok"]
+        lengths[category] = ([len(g["prompt_ids"]) for g in ok], [len(g["output_ids"]) for g in ok])
+    frame = write_summary(rows, summary)
+    plot_lengths(lengths, lengths_png)
+    log.info("summary:\n%s", frame.to_string(index=False))
+    return frame

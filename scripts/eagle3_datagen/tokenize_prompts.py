@@ -1,14 +1,74 @@
-"""Build one category's prompts table: normalized rows, exact prompt ids, per-row budgets and seeds."""
+"""tokenize_prompts: one category's prompts table — normalized rows, exact prompt ids, budgets, seeds.
+
+The table's provenance also carries the token facts every later step needs (`templating.token_facts`:
+the tokenizer's fingerprint, vocabulary size, stop and reasoning ids), so that planning and
+generation never load the tokenizer.
+"""
 
 import json
 import logging
 import time
+from pathlib import Path
 
-from .prompts import PromptRow
+from .prompts import PromptRow, read_prompts
 from .settings import Budget, ModelProfile, stable_hash
-from .templating import ChatTokenizer, output_budget
+from .tables import PROMPTS_SCHEMA, write_table
+from .templating import CONTROL_TOKEN_POLICY, ChatTokenizer, load_tokenizer, output_budget, token_facts
 
 log = logging.getLogger(__name__)
+
+
+class BadRows(ValueError):
+    """Rows that cannot be used, under `on_bad_rows: fail`."""
+
+
+def tokenize_prompts(
+    *,
+    source: Path,
+    prompts: Path,
+    category: str,
+    model: dict,
+    budget: dict,
+    samples_per_prompt: int,
+    seed: int,
+    on_bad_rows: str,
+) -> None:
+    """Tokenize one category's prompt file `source` into the prompts table `prompts`."""
+    profile = ModelProfile.from_config(model)
+    tokenizer = load_tokenizer(profile)
+    rows = read_prompts(source)
+    for row in rows:
+        if not row.ok:
+            log.warning("skipped: %s", row.reason)
+    table = build_prompt_rows(
+        rows,
+        ChatTokenizer(tokenizer, profile),
+        profile=profile,
+        budget=Budget(**budget),
+        category=category,
+        samples_per_prompt=samples_per_prompt,
+        base_seed=seed,
+    )
+    skipped = [r["reason"] for r in table if r["status"] == "skipped" and r["sample_index"] == 0]
+    if skipped and on_bad_rows == "fail":
+        listing = "\n  ".join(skipped[:50]) + (f"\n  ... and {len(skipped) - 50} more" if len(skipped) > 50 else "")
+        raise BadRows(
+            f"{len(skipped)} of {len(rows)} rows of {source} cannot be used (on_bad_rows: fail):\n  {listing}"
+        )
+    params = {
+        "model": model,
+        "budget": budget,
+        "samples_per_prompt": samples_per_prompt,
+        "seed": seed,
+        "on_bad_rows": on_bad_rows,
+    }
+    provenance = {
+        "prompts_file": str(source),
+        **token_facts(tokenizer, profile),
+        "control_token_policy": CONTROL_TOKEN_POLICY,
+        "params": params,
+    }
+    write_table(table, PROMPTS_SCHEMA, prompts, provenance)
 
 
 def row_seed(base_seed: int, row_id: str, sample_index: int) -> int:

@@ -1,4 +1,4 @@
-"""Offline test fixtures: a Kimi-shaped tokenizer and a tiny demo model.
+"""The demo's model and tokenizer, built offline: a Kimi-shaped tokenizer and a tiny CPU model.
 
 Neither the real Kimi-K2 tokenizer nor any causal LM with weights can be obtained
 without the Hugging Face hub, so the tests and the CPU demo build stand-ins:
@@ -10,15 +10,15 @@ without the Hugging Face hub, so the tests and the CPU demo build stand-ins:
   (``len(tokenizer) == 163840``, ``<think>`` = 163606, ``<|im_end|>`` = 163586, ...)
   plus a chat template with the structure of Kimi-K2.5's (the generation prompt
   ends with ``<think>``).
-* :func:`build_demo_model` adds a tiny ``Qwen3ForCausalLM`` trained for a few
+* :func:`build_demo_model_dir` adds a tiny ``Qwen3ForCausalLM`` trained for a few
   seconds on CPU so that it emits Kimi-formatted outputs: reasoning, ``</think>``,
   then an answer or a tool-call section, then ``<|im_end|>``; some prompts make it
   ramble without ever closing the reasoning.
 
 Command line::
 
-    python -m eagle3_datagen.fixtures kimi-tokenizer OUT_DIR
-    python -m eagle3_datagen.fixtures demo-model OUT_DIR [--steps N] [--seed S]
+    python -m eagle3_datagen.demo_model kimi-tokenizer OUT_DIR
+    python -m eagle3_datagen.demo_model demo-model OUT_DIR [--steps N] [--seed S]
 
 Every output directory is built in a temporary sibling directory and renamed into
 place at the end, so an interrupted build never leaves a complete-looking directory.
@@ -36,8 +36,9 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +141,7 @@ def _sha256_file(path: Path) -> str:
 def _check_qwen3_dir(tok_dir: Path) -> Path:
     tok_json = tok_dir / "tokenizer.json"
     if not tok_json.is_file():
-        raise FileNotFoundError(
-            f"{tok_json} not found; install the pip package {QWEN3_TOKENIZER_PACKAGE}"
-        )
+        raise FileNotFoundError(f"{tok_json} not found; install the pip package {QWEN3_TOKENIZER_PACKAGE}")
     digest = _sha256_file(tok_json)
     if digest != QWEN3_TOKENIZER_SHA256:
         raise ValueError(
@@ -166,8 +165,7 @@ def qwen3_tokenizer_dir() -> Path:
         spec = None
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            "the Qwen3 tokenizer files come from the pip package "
-            f"{QWEN3_TOKENIZER_PACKAGE}, which is not installed"
+            f"the Qwen3 tokenizer files come from the pip package {QWEN3_TOKENIZER_PACKAGE}, which is not installed"
         )
     tok_dir = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
     return _check_qwen3_dir(tok_dir)
@@ -346,7 +344,11 @@ def _tool_request(rng: random.Random, name: str) -> tuple[str, dict[str, Any], s
     """(user question, call arguments, short description) for a tool."""
     if name == "get_weather":
         city = rng.choice(_CITIES)
-        return rng.choice([f"What's the weather in {city}?", f"Is it raining in {city} right now?"]), {"city": city}, f"the weather in {city}"
+        return (
+            rng.choice([f"What's the weather in {city}?", f"Is it raining in {city} right now?"]),
+            {"city": city},
+            f"the weather in {city}",
+        )
     if name == "search_web":
         q = rng.choice(_QUERIES)
         return f"Search the web for the {q}.", {"query": q}, f"the {q}"
@@ -430,12 +432,20 @@ def _conversation(rng: random.Random, kind: str) -> dict[str, Any]:
             if kind == "tool_call":
                 completion = f"{reasoning}</think>{section}{end}"
             else:
-                messages.append({
-                    "role": "assistant",
-                    "content": "",
-                    "reasoning_content": reasoning,
-                    "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}],
-                })
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "reasoning_content": reasoning,
+                        "tool_calls": [
+                            {
+                                "id": call_id,
+                                "type": "function",
+                                "function": {"name": name, "arguments": json.dumps(args)},
+                            }
+                        ],
+                    }
+                )
                 result = rng.choice(["sunny, 21 C", "42", "ok", "3 results found", "12:30"])
                 messages.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": result})
                 completion = f"The tool returned {result}. Let me summarize it.</think>The result is {result}.{end}"
@@ -523,9 +533,7 @@ def _train(model: Any, tok: Any, *, steps: int, seed: int) -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0, betas=(0.9, 0.98), fused=True)
     except (RuntimeError, TypeError, ValueError):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0, betas=(0.9, 0.98))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 10) * max(0.05, 1 - s / max(steps, 1))
-    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * max(0.05, 1 - s / max(steps, 1)))
     weight = model.get_input_embeddings().weight
     model.train()
     t0 = time.monotonic()
@@ -591,7 +599,7 @@ def _write_demo_model(out_dir: Path, *, steps: int, seed: int) -> None:
             os.chmod(f, 0o644)
 
 
-def build_demo_model(out_dir: Path, *, steps: int = 120, seed: int = 0) -> Path:
+def build_demo_model_dir(out_dir: Path, *, steps: int = 120, seed: int = 0) -> Path:
     """Write the Kimi-shaped tokenizer and a tiny trained ``Qwen3ForCausalLM`` to ``out_dir``.
 
     The model (2 layers, hidden 64, vocab 163840, tied embeddings) is trained for
@@ -610,6 +618,11 @@ def build_demo_model(out_dir: Path, *, steps: int = 120, seed: int = 0) -> Path:
     return out
 
 
+def build_demo_model(*, demo_weights: Path, demo_model: dict) -> Path:
+    """Rule build_demo_model: the demo's tokenizer and tiny model, in the folder of `demo_weights`."""
+    return build_demo_model_dir(demo_weights.parent, steps=int(demo_model["steps"]), seed=int(demo_model["seed"]))
+
+
 # --------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------
@@ -617,7 +630,7 @@ def build_demo_model(out_dir: Path, *, steps: int = 120, seed: int = 0) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m eagle3_datagen.fixtures",
+        prog="python -m eagle3_datagen.demo_model",
         description="Build offline fixtures: a Kimi-shaped tokenizer or a tiny demo model.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
@@ -640,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if args.steps < 0:
             parser.error("--steps must be >= 0")
-        build_demo_model(args.out_dir, steps=args.steps, seed=args.seed)
+        build_demo_model_dir(args.out_dir, steps=args.steps, seed=args.seed)
     return 0
 
 

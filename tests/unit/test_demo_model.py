@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_datagen import fixtures
-from eagle3_datagen.fixtures import KIMI_SPECIAL_TOKENS, KIMI_VOCAB_SIZE
+from eagle3_datagen import demo_model as fixtures
+from eagle3_datagen.demo_model import KIMI_SPECIAL_TOKENS, KIMI_VOCAB_SIZE
 
 EXPECTED_IDS = {
     "[BOS]": 163584,
@@ -135,7 +135,14 @@ def test_text_uses_qwen3_bpe(tok, qwen3_tokenizer_dir: Path) -> None:
     assert max(ids) < fixtures.QWEN3_BPE_SIZE
     assert tok.decode(ids) == text
     assert tok.encode("Let me add.</think>\n\n4<|im_end|>", add_special_tokens=False) == [
-        10061, 752, 912, 13, 163607, 271, 19, 163586,
+        10061,
+        752,
+        912,
+        13,
+        163607,
+        271,
+        19,
+        163586,
     ]
 
 
@@ -186,8 +193,11 @@ def test_template_text_layout(tok) -> None:
 
 
 def test_history_drops_reasoning_and_tool_loop_keeps_it(tok) -> None:
-    call = {"id": "functions.get_weather:0", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    call = {
+        "id": "functions.get_weather:0",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    }
     msgs = [
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello!", "reasoning_content": "OLD-REASONING"},
@@ -207,8 +217,10 @@ def test_history_drops_reasoning_and_tool_loop_keeps_it(tok) -> None:
     assert text.endswith("<|im_assistant|>assistant<|im_middle|><think>")
 
     # once a later assistant message without tool calls exists, the loop is history too
-    msgs += [{"role": "assistant", "content": "It is sunny.", "reasoning_content": "Summarize."},
-             {"role": "user", "content": "Thanks"}]
+    msgs += [
+        {"role": "assistant", "content": "It is sunny.", "reasoning_content": "Summarize."},
+        {"role": "user", "content": "Thanks"},
+    ]
     text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     assert "Need the tool." not in text and "Summarize." not in text
     assert "<think></think><|tool_calls_section_begin|>" in text
@@ -216,8 +228,11 @@ def test_history_drops_reasoning_and_tool_loop_keeps_it(tok) -> None:
 
 
 def test_tool_call_in_history_uses_single_control_ids(tok) -> None:
-    call = {"id": "functions.search_web:0", "type": "function",
-            "function": {"name": "search_web", "arguments": {"query": "tallest mountain"}}}
+    call = {
+        "id": "functions.search_web:0",
+        "type": "function",
+        "function": {"name": "search_web", "arguments": {"query": "tallest mountain"}},
+    }
     msgs = [
         {"role": "user", "content": "Search it"},
         {"role": "assistant", "content": "", "tool_calls": [call]},
@@ -226,8 +241,12 @@ def test_tool_call_in_history_uses_single_control_ids(tok) -> None:
     ]
     ids = _render(tok, msgs, add_generation_prompt=False)
     begin, end, call_begin, arg_begin, call_end = _ids(
-        tok, "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
-        "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+        tok,
+        "<|tool_calls_section_begin|>",
+        "<|tool_calls_section_end|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
     )
     for control in (begin, end, call_begin, arg_begin, call_end):
         assert ids.count(control) == 1
@@ -309,8 +328,12 @@ def test_demo_model_generates(demo_model_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(demo_model_dir).eval()
     prompts = [
         _render(tok, [{"role": "user", "content": "What is 12 + 30?"}], add_generation_prompt=True),
-        _render(tok, [{"role": "user", "content": "What's the weather in Paris?"}],
-                tools=[WEATHER_TOOL], add_generation_prompt=True),
+        _render(
+            tok,
+            [{"role": "user", "content": "What's the weather in Paris?"}],
+            tools=[WEATHER_TOOL],
+            add_generation_prompt=True,
+        ),
     ]
     think_end = tok.convert_tokens_to_ids("</think>")
     outputs = []
@@ -323,7 +346,7 @@ def test_demo_model_generates(demo_model_dir: Path) -> None:
                 max_new_tokens=64,
                 do_sample=False,
             )
-        new = out[0, len(ids):].tolist()
+        new = out[0, len(ids) :].tolist()
         assert new and all(0 <= t < 163840 for t in new)
         outputs.append(new)
     # the format training took: a plain question gets reasoning, </think>, an answer, <|im_end|>

@@ -1,13 +1,16 @@
-"""Start a generation server, wait until it is healthy, and make sure it never outlives its job.
+"""The servers a generate job talks to: launched ones (`sglang`, `local`) or running ones (`external`).
 
-One code path for every engine that launches a process (`local` now, `sglang` on GPU nodes): the
-server runs in its own process group with its own log; start-up watches both the process and
-`GET /health`; stopping sends SIGTERM to the group, then SIGKILL. Failure is detected from the
-process state and HTTP status, never by matching log text.
+One code path for every engine that launches a process: the server runs in its own process group
+with its own log; start-up watches both the process and `GET /health`; stopping sends SIGTERM to the
+group, then SIGKILL. Failure is detected from the process state and HTTP status, never by matching
+log text. Also here: the API key (from the environment, never the config), SIGTERM handling, and
+the server facts recorded as provenance.
 """
 
+import asyncio
 import logging
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -15,7 +18,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+
+from .redact import redact, redact_command
+from .settings import ModelProfile
 
 log = logging.getLogger(__name__)
 
@@ -42,29 +50,30 @@ def log_tail(path: Path, lines: int = 30) -> str:
 # server for this pipeline needs none), auto-truncation silently cuts prompts, and without the
 # tokenizer the server cannot check what it is given.
 REFUSED_SGLANG_FLAGS = ("--reasoning-parser", "--tool-call-parser", "--allow-auto-truncate", "--skip-tokenizer-init")
-SECRET_FLAGS = ("--api-key",)
 
 
 def check_extra_args(args: list[str]) -> None:
     """Refuse launch arguments that would reshape or cut the generated data."""
     bad = [a for a in args if a.split("=", 1)[0] in REFUSED_SGLANG_FLAGS]
     if bad:
-        raise ValueError(f"engine.sglang.extra_args: {', '.join(bad)} would reshape or cut the generated data; remove it")
+        raise ValueError(
+            f"engine.sglang.extra_args: {', '.join(bad)} would reshape or cut the generated data; remove it"
+        )
 
 
 def sglang_command(engine: dict, *, port: int, context_length: int, api_key: str | None = None) -> list[str]:
     """`python -m sglang.launch_server ...` from the config, bound to localhost on `port`."""
     sglang = engine["sglang"]
-    extra = [str(a) for a in sglang.get("extra_args") or []]
+    extra = [str(a) for a in sglang["extra_args"]]
     check_extra_args(extra)
     cmd = [
-        sglang.get("python", "python"),
+        sglang["python"],
         "-m",
         "sglang.launch_server",
         "--model-path",
         str(sglang["model_path"]),
         "--tp-size",
-        str(sglang.get("tp_size", 1)),
+        str(sglang["tp_size"]),
         "--host",
         "127.0.0.1",
         "--port",
@@ -72,37 +81,22 @@ def sglang_command(engine: dict, *, port: int, context_length: int, api_key: str
         "--context-length",
         str(context_length),
     ]
-    if sglang.get("trust_remote_code"):
+    if sglang["trust_remote_code"]:
         cmd.append("--trust-remote-code")
-    if sglang.get("mem_fraction_static") is not None:
+    if sglang["mem_fraction_static"] is not None:
         cmd += ["--mem-fraction-static", str(sglang["mem_fraction_static"])]
     if api_key:
         cmd += ["--api-key", api_key]
     return cmd + extra
 
 
-def redacted(cmd: list[str]) -> str:
-    """A command line fit for a log: the values of secret flags hidden."""
-    out = []
-    hide = False
-    for arg in cmd:
-        if hide:
-            out.append("***")
-            hide = False
-            continue
-        name = arg.split("=", 1)[0]
-        if name in SECRET_FLAGS:
-            if "=" in arg:
-                out.append(f"{name}=***")
-            else:
-                out.append(arg)
-                hide = True
-            continue
-        out.append(arg)
-    return " ".join(out)
+# Extra arguments for the local engine, from the environment: how tests inject latency, faults
+# and a request record (`--error-rate 0.1 --record-dir DIR`, see `python -m eagle3_datagen.engine
+# -h`) into the engines that generate jobs launch, without a switch in the user's config.
+LOCAL_ENGINE_ARGS_ENV = "EAGLE3_DATAGEN_ENGINE_ARGS"
 
 
-def local_engine_command(engine: dict, *, port: int, context_length: int, tokenizer: str, record: str | None) -> list[str]:
+def local_engine_command(engine: dict, *, port: int, context_length: int, tokenizer: str) -> list[str]:
     """The command line of the CPU stand-in engine (python -m eagle3_datagen.engine)."""
     local = engine["local"]
     cmd = [
@@ -122,23 +116,23 @@ def local_engine_command(engine: dict, *, port: int, context_length: int, tokeni
         "--context-length",
         str(context_length),
         "--max-batch",
-        str(local.get("max_batch", 16)),
+        str(local["max_batch"]),
     ]
-    if record:
-        cmd += ["--record", str(record)]
-    for flag, key in (("--latency-ms", "latency_ms"), ("--error-rate", "error_rate"), ("--reset-rate", "reset_rate"), ("--hang-rate", "hang_rate"), ("--fail-rids", "fail_rids"), ("--seed", "seed"), ("--die-after", "die_after")):
-        if local.get(key) not in (None, ""):
-            cmd += [flag, str(local[key])]
-    for flag, key in (("--fail-startup", "fail_startup"), ("--never-healthy", "never_healthy")):
-        if local.get(key):
-            cmd.append(flag)
-    return cmd
+    return cmd + shlex.split(os.environ.get(LOCAL_ENGINE_ARGS_ENV, ""))
 
 
 class ManagedServer:
     """A server process owned by this job: `with ManagedServer(...) as url:`."""
 
-    def __init__(self, cmd: list[str], *, port: int, log_path: str | Path, startup_timeout_s: float = 600.0, env: dict | None = None):
+    def __init__(
+        self,
+        cmd: list[str],
+        *,
+        port: int,
+        log_path: str | Path,
+        startup_timeout_s: float = 600.0,
+        env: dict | None = None,
+    ):
         self.cmd = cmd
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
@@ -153,11 +147,13 @@ class ManagedServer:
         src = str(Path(__file__).resolve().parents[1])
         env = dict(os.environ if self.env is None else self.env)
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        log.info("starting server: %s (log: %s)", redacted(self.cmd), self.log_path)
+        log.info("starting server: %s (log: %s)", redact_command(self.cmd), self.log_path)
         # The watchdog runs the server in a process group of its own and takes the whole group down
         # when this process dies, even by SIGKILL: no server outlives its job.
         watched = [sys.executable, "-m", "eagle3_datagen.watchdog", "--parent", str(os.getpid()), "--"] + self.cmd
-        self.proc = subprocess.Popen(watched, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        self.proc = subprocess.Popen(
+            watched, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
         self._wait_healthy()
         return self.url
 
@@ -214,3 +210,83 @@ class ManagedServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextmanager
+def terminate_on_sigterm():
+    """SLURM and Snakemake stop jobs with SIGTERM: turn it into SystemExit so servers get stopped."""
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def api_key(engine: dict) -> str | None:
+    """The server's API key, from the environment variable the config names (never from the config)."""
+    name = engine.get("api_key_env")
+    if not name:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise RuntimeError(f"engine.api_key_env names {name}, but that environment variable is not set")
+    return key
+
+
+@dataclass
+class Servers:
+    urls: list[str]
+    managed: ManagedServer | None = None
+
+    def alive(self) -> bool:
+        return self.managed is None or self.managed.alive()
+
+
+@contextmanager
+def servers(engine: dict, *, profile: ModelProfile, log_path: Path, key: str | None):
+    """Where to send requests: a server this job launches (`sglang`, `local`), or running ones (`external`)."""
+    kind = engine["kind"]
+    if kind == "external":
+        yield Servers(list(engine["external"]["urls"]))
+        return
+    port = free_port()
+    if kind == "sglang":
+        cmd = sglang_command(engine, port=port, context_length=profile.context_length, api_key=key)
+    else:
+        cmd = local_engine_command(
+            engine, port=port, context_length=profile.context_length, tokenizer=profile.tokenizer
+        )
+    server = ManagedServer(cmd, port=port, log_path=log_path, startup_timeout_s=float(engine["startup_timeout_s"]))
+    with server as url:
+        yield Servers([url], server)
+
+
+def job_facts() -> dict:
+    """Where the job ran: the cluster's job id and the GPUs it was given, for provenance."""
+    return {
+        "host": socket.gethostname(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+async def _server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
+    from .client import check_server_info, fetch_json
+
+    infos = {}
+    for url in urls:
+        server_info = await fetch_json(f"{url}/get_server_info", headers=headers)
+        for warning in check_server_info(server_info, context_length=profile.context_length, url=url):
+            log.warning(warning)
+        model_info = await fetch_json(f"{url}/get_model_info", headers=headers)
+        infos[url] = {"server_info": redact(server_info), "model_info": redact(model_info)}
+    return infos
+
+
+def server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
+    """Each server's /get_server_info and /get_model_info (secrets hidden), after the start-up checks."""
+    return asyncio.run(_server_provenance(urls, profile, headers))

@@ -1,10 +1,20 @@
 """check_sequences: raw-token invariants of every generated row; any violation stops the export."""
 
 import json
+import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .settings import ModelProfile
-from .templating import ChatTokenizer, token_ids
+from .tables import read_rows
+from .templating import ChatTokenizer, load_tokenizer, token_ids
+
+log = logging.getLogger(__name__)
+
+
+class SequenceViolation(RuntimeError):
+    pass
+
 
 RULES = {
     "prompt_matches_template": "prompt_ids equal a fresh apply_chat_template of the row's messages",
@@ -23,7 +33,9 @@ class SequenceReport:
     violations: list[dict] = field(default_factory=list)
 
     def add(self, row: dict, rule: str, detail: str) -> None:
-        self.violations.append({"id": row["id"], "sample_index": int(row["sample_index"]), "rule": rule, "detail": detail})
+        self.violations.append(
+            {"id": row["id"], "sample_index": int(row["sample_index"]), "rule": rule, "detail": detail}
+        )
 
     def counts(self) -> dict:
         counts = {rule: 0 for rule in RULES}
@@ -43,7 +55,7 @@ class SequenceReport:
         return "\n".join(lines)
 
 
-def check_sequences(generations: list[dict], prompts: list[dict], *, tokenizer, profile: ModelProfile) -> SequenceReport:
+def check_rows(generations: list[dict], prompts: list[dict], *, tokenizer, profile: ModelProfile) -> SequenceReport:
     """Check every ok row; prompts (with their messages) come from the tokenize step's table."""
     report = SequenceReport()
     vocab = len(tokenizer)
@@ -60,16 +72,32 @@ def check_sequences(generations: list[dict], prompts: list[dict], *, tokenizer, 
     for g, fresh_ids in zip(ok_rows, fresh):
         prompt_ids, output_ids = list(g["prompt_ids"]), list(g["output_ids"])
         if prompt_ids != fresh_ids:
-            pos = next((i for i, (a, b) in enumerate(zip(prompt_ids, fresh_ids)) if a != b), min(len(prompt_ids), len(fresh_ids)))
-            report.add(g, "prompt_matches_template", f"first difference at position {pos}: stored {prompt_ids[pos:pos + 5]} vs fresh {fresh_ids[pos:pos + 5]}")
-        if suffix and prompt_ids[-len(suffix):] != suffix:
-            report.add(g, "prompt_suffix", f"prompt ends {prompt_ids[-len(suffix) - 2:]}, expected suffix {suffix}")
+            pos = next(
+                (i for i, (a, b) in enumerate(zip(prompt_ids, fresh_ids)) if a != b),
+                min(len(prompt_ids), len(fresh_ids)),
+            )
+            report.add(
+                g,
+                "prompt_matches_template",
+                f"first difference at position {pos}: stored {prompt_ids[pos : pos + 5]} vs fresh {fresh_ids[pos : pos + 5]}",
+            )
+        if suffix and prompt_ids[-len(suffix) :] != suffix:
+            report.add(g, "prompt_suffix", f"prompt ends {prompt_ids[-len(suffix) - 2 :]}, expected suffix {suffix}")
         bad_outputs = sorted({t for t in output_ids if t in prompt_only})
         if bad_outputs:
             report.add(g, "no_prompt_only_tokens", f"output contains prompt-only ids {bad_outputs}")
         if g["finish_type"] != "length" and (not output_ids or output_ids[-1] not in stops):
-            report.add(g, "ends_with_stop", f"finish_type {g['finish_type']!r}, last output id {output_ids[-1:] or None}, stop ids {sorted(stops)}")
-        if g["finish_type"] == "stop" and g["finish_matched"].lstrip("-").isdigit() and output_ids and int(g["finish_matched"]) != output_ids[-1]:
+            report.add(
+                g,
+                "ends_with_stop",
+                f"finish_type {g['finish_type']!r}, last output id {output_ids[-1:] or None}, stop ids {sorted(stops)}",
+            )
+        if (
+            g["finish_type"] == "stop"
+            and g["finish_matched"].lstrip("-").isdigit()
+            and output_ids
+            and int(g["finish_matched"]) != output_ids[-1]
+        ):
             report.add(g, "finish_matches_output", f"matched {g['finish_matched']} but last output id {output_ids[-1]}")
         outside = sorted({t for t in prompt_ids + output_ids if not 0 <= t < vocab})
         if outside:
@@ -84,3 +112,15 @@ def _fresh_prompt_ids(prompt_rows: list[dict], tokenizer, profile: ModelProfile)
     conversations = [json.loads(p["messages"]) for p in prompt_rows]
     tools = [json.loads(p["tools"]) if p["tools"] else None for p in prompt_rows]
     return [t.prompt_ids for t in chat.tokenize(conversations, tools)]
+
+
+def check_sequences(*, generations: Path, prompts: Path, sequence_report: Path, model: dict) -> SequenceReport:
+    """Check one category's generations; raises SequenceViolation (the job fails) on any violation."""
+    profile = ModelProfile.from_config(model)
+    report = check_rows(read_rows(generations), read_rows(prompts), tokenizer=load_tokenizer(profile), profile=profile)
+    if report.violations:
+        raise SequenceViolation(report.message())
+    sequence_report.parent.mkdir(parents=True, exist_ok=True)
+    sequence_report.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    log.info("%d rows checked, no violations", report.checked)
+    return report

@@ -7,12 +7,16 @@ keys travel along and both trainers ignore them.
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 
-from .tables import IDS, write_table
+from .settings import defaults
+from .tables import IDS, read_rows, write_table
+
+log = logging.getLogger(__name__)
 
 DATASET_SCHEMA = pa.schema(
     [
@@ -31,12 +35,15 @@ DATASET_SCHEMA = pa.schema(
 
 @dataclass(frozen=True)
 class Filters:
-    drop_truncated: bool = False
-    min_loss_tokens: int = 1
+    """Which generated rows the export leaves out (config `export.filters`; defaults in the schema)."""
+
+    drop_truncated: bool
+    min_loss_tokens: int
 
     @classmethod
-    def from_config(cls, export: dict | None) -> "Filters":
-        return cls(**((export or {}).get("filters") or {}))
+    def from_config(cls, export: dict | None = None, **overrides) -> "Filters":
+        filters = defaults("export", **(export or {}))["filters"]
+        return cls(**{**filters, **overrides})
 
 
 def filter_reason(row: dict, filters: Filters) -> str | None:
@@ -78,7 +85,15 @@ def split_rows(generations: list[dict], filters: Filters) -> tuple[list[dict], l
                 dataset.append(dataset_row(row))
                 continue
             status, reason = "filtered", why
-        rejected.append({"id": row["id"], "sample_index": int(row["sample_index"]), "category": row["category"], "status": status, "reason": reason})
+        rejected.append(
+            {
+                "id": row["id"],
+                "sample_index": int(row["sample_index"]),
+                "category": row["category"],
+                "status": status,
+                "reason": reason,
+            }
+        )
     return dataset, rejected
 
 
@@ -121,3 +136,19 @@ def merge_datasets(paths: list[Path], out: Path) -> dict:
                     kept += 1
     tmp.replace(out)
     return {"rows": kept, "duplicates_dropped": duplicates}
+
+
+def export_dataset(*, generations: Path, dataset: Path, dataset_parquet: Path, rejected: Path, export: dict) -> dict:
+    """Export one category: trainer rows to `dataset` (+ Parquet), every row left out to `rejected`."""
+    counts = export_category(
+        read_rows(generations), Filters.from_config(export), jsonl=dataset, parquet=dataset_parquet, rejected=rejected
+    )
+    log.info("%s: %s", generations, counts)
+    return counts
+
+
+def merge_dataset(*, dataset: list[Path], train: Path) -> dict:
+    """Merge every category's dataset into one train.jsonl, identical token sequences once."""
+    counts = merge_datasets(dataset, train)
+    log.info("merged %d files into %s: %s", len(dataset), train, counts)
+    return counts

@@ -6,7 +6,7 @@ environment), cut at whitespace into reasoning and answer pieces, each encoded o
 (`... </think> <tool section> <|im_end|>`). Both measurements run in the same process, alternating,
 and the best of the repeats is reported.
 
-    .venv/bin/python bench/parser_check.py [--rows 2000] [--repeats 3] [--model kimi|qwen3|both]
+    .venv/bin/python bench/check_parsers.py [--rows 2000] [--repeats 3] [--model kimi|qwen3|both]
 """
 
 import argparse
@@ -22,11 +22,19 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from transformers import AutoTokenizer  # noqa: E402
 
 from eagle3_datagen import parser_check  # noqa: E402
-from eagle3_datagen.fixtures import build_kimi_shaped_tokenizer, qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.demo_model import build_kimi_shaped_tokenizer, qwen3_tokenizer_dir  # noqa: E402
 from eagle3_datagen.settings import ModelProfile  # noqa: E402
 from eagle3_datagen.templating import ChatTokenizer  # noqa: E402
 
-TOOLS = [{"type": "function", "function": {"name": "search_docs", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search_docs",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+        },
+    }
+]
 
 
 def real_text(min_chars: int = 3_000_000) -> str:
@@ -46,7 +54,7 @@ def real_text(min_chars: int = 3_000_000) -> str:
 def kimi_tokenizer_path() -> Path:
     import hashlib
 
-    from eagle3_datagen import fixtures
+    from eagle3_datagen import demo_model as fixtures
 
     key = hashlib.sha256(Path(fixtures.__file__).read_bytes()).hexdigest()[:16]
     path = ROOT / ".cache" / "fixtures" / key / "kimi_tokenizer"
@@ -59,12 +67,33 @@ def profiles():
     kimi = kimi_tokenizer_path()
     qwen = qwen3_tokenizer_dir()
     return {
-        "kimi": (kimi, ModelProfile(name="kimi", tokenizer=str(kimi), context_length=65536, prompt_suffix=("<think>",),
-                                    reasoning_end="</think>", stop_tokens=("<|im_end|>",), reasoning_parser="kimi_k2",
-                                    tool_call_parser="kimi_k2", sglang_version="0.5.23")),
-        "qwen3": (qwen, ModelProfile(name="qwen3", tokenizer=str(qwen), context_length=65536, reasoning_end="</think>",
-                                     stop_tokens=("<|im_end|>", "<|endoftext|>"), reasoning_parser="qwen3",
-                                     tool_call_parser="qwen25", sglang_version="0.5.23")),
+        "kimi": (
+            kimi,
+            ModelProfile(
+                name="kimi",
+                tokenizer=str(kimi),
+                context_length=65536,
+                prompt_suffix=("<think>",),
+                reasoning_end="</think>",
+                stop_tokens=("<|im_end|>",),
+                reasoning_parser="kimi_k2",
+                tool_call_parser="kimi_k2",
+                sglang_version="0.5.23",
+            ),
+        ),
+        "qwen3": (
+            qwen,
+            ModelProfile(
+                name="qwen3",
+                tokenizer=str(qwen),
+                context_length=65536,
+                reasoning_end="</think>",
+                stop_tokens=("<|im_end|>", "<|endoftext|>"),
+                reasoning_parser="qwen3",
+                tool_call_parser="qwen25",
+                sglang_version="0.5.23",
+            ),
+        ),
     }
 
 
@@ -78,7 +107,9 @@ def synthesize(tok, profile, n_rows: int, text: str, seed: int = 0, tool_share: 
     gens, prompts = [], []
     conversations, tools_list = [], []
     for i in range(n_rows):
-        conversations.append([{"role": "user", "content": f"Question {i}: " + " ".join(words[rng.randrange(len(words) - 60):][:40])}])
+        conversations.append(
+            [{"role": "user", "content": f"Question {i}: " + " ".join(words[rng.randrange(len(words) - 60) :][:40])}]
+        )
         tools_list.append(TOOLS if rng.random() < tool_share else None)
     prompt_ids = [t.prompt_ids for t in chat.tokenize(conversations, tools_list)]
     for i in range(n_rows):
@@ -94,17 +125,43 @@ def synthesize(tok, profile, n_rows: int, text: str, seed: int = 0, tool_share: 
         if tools_list[i]:
             args = json.dumps({"query": " ".join(chunk[cut : cut + 8])})
             if qwen:
-                out += enc("\n\n<tool_call>\n" + json.dumps({"name": "search_docs", "arguments": json.loads(args)}) + "\n</tool_call>")
+                out += enc(
+                    "\n\n<tool_call>\n"
+                    + json.dumps({"name": "search_docs", "arguments": json.loads(args)})
+                    + "\n</tool_call>"
+                )
             else:
-                out += [tid("<|tool_calls_section_begin|>"), tid("<|tool_call_begin|>")] + enc("functions.search_docs:0")
-                out += [tid("<|tool_call_argument_begin|>")] + enc(args) + [tid("<|tool_call_end|>"), tid("<|tool_calls_section_end|>")]
+                out += [tid("<|tool_calls_section_begin|>"), tid("<|tool_call_begin|>")] + enc(
+                    "functions.search_docs:0"
+                )
+                out += (
+                    [tid("<|tool_call_argument_begin|>")]
+                    + enc(args)
+                    + [tid("<|tool_call_end|>"), tid("<|tool_calls_section_end|>")]
+                )
         else:
             out += enc(answer)
         out.append(stop)
-        gens.append({"id": str(i), "sample_index": 0, "status": "ok", "prompt_ids": prompt_ids[i], "output_ids": out,
-                     "finish_type": "stop", "finish_matched": str(stop)})
-        prompts.append({"id": str(i), "sample_index": 0, "status": "ok", "messages": json.dumps(conversations[i]),
-                        "tools": json.dumps(tools_list[i]) if tools_list[i] else ""})
+        gens.append(
+            {
+                "id": str(i),
+                "sample_index": 0,
+                "status": "ok",
+                "prompt_ids": prompt_ids[i],
+                "output_ids": out,
+                "finish_type": "stop",
+                "finish_matched": str(stop),
+            }
+        )
+        prompts.append(
+            {
+                "id": str(i),
+                "sample_index": 0,
+                "status": "ok",
+                "messages": json.dumps(conversations[i]),
+                "tools": json.dumps(tools_list[i]) if tools_list[i] else "",
+            }
+        )
     return gens, prompts
 
 

@@ -38,15 +38,20 @@ differ (or the length of the shorter one) and the row gets the first class that 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
+from pathlib import Path
 
 from . import parsers
 from .settings import ModelProfile
-from .templating import ChatTokenizer, group_by_tools, token_id, token_ids
+from .tables import read_rows, write_table
+from .templating import ChatTokenizer, group_by_tools, load_tokenizer, token_id, token_ids
+
+log = logging.getLogger(__name__)
 
 VERDICTS = (
     "exact",
@@ -131,7 +136,9 @@ class _Checker:
         section = _SECTION_TOKENS.get(self.tool_parser or "")
         self.section_ids = tuple(token_ids(tokenizer, section)) if section else None
         self.force = (
-            parsers.chat_force_reasoning(self.reasoning_parser, self.version, profile.chat_template_kwargs, _template_text(tokenizer))
+            parsers.chat_force_reasoning(
+                self.reasoning_parser, self.version, profile.chat_template_kwargs, _template_text(tokenizer)
+            )
             if self.reasoning_parser
             else False
         )
@@ -142,7 +149,9 @@ class _Checker:
     def assistant_message(self, text: str, tools, history: list[dict]) -> tuple[dict, str]:
         reasoning, content = "", text
         if self.reasoning_parser:
-            reasoning, content = parsers.parse_reasoning(text, parser=self.reasoning_parser, version=self.version, force_reasoning=self.force)
+            reasoning, content = parsers.parse_reasoning(
+                text, parser=self.reasoning_parser, version=self.version, force_reasoning=self.force
+            )
         calls: list[parsers.ToolCall] = []
         if tools and self.tool_parser:
             content, calls = parsers.parse_tool_calls(content, tools, parser=self.tool_parser, version=self.version)
@@ -289,7 +298,9 @@ def check_rows(generations: list[dict], prompts: list[dict], *, tokenizer, profi
         if n_end:
             pos = output.index(ck.think_end_id)
             n_reasoning, n_answer = pos, len(output) - pos - 1
-        elif ck.reasoning_parser and (ck.force or (output and ck.tokenizer.convert_ids_to_tokens(output[0]) == parsers.THINK_START)):
+        elif ck.reasoning_parser and (
+            ck.force or (output and ck.tokenizer.convert_ids_to_tokens(output[0]) == parsers.THINK_START)
+        ):
             n_reasoning, n_answer = len(output), 0
         else:
             n_reasoning, n_answer = 0, len(output)
@@ -316,3 +327,39 @@ def counts(verdict_rows: list[dict]) -> dict:
     out = {v: c.get(v, 0) for v in VERDICTS}
     out["total"] = len(verdict_rows)
     return out
+
+
+def verdict_schema():
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("sample_index", pa.int32()),
+            ("verdict", pa.string()),
+            ("first_diff", pa.int64()),
+            ("excerpt_expected", pa.string()),
+            ("excerpt_route", pa.string()),
+            ("n_reasoning_tokens", pa.int32()),
+            ("n_answer_tokens", pa.int32()),
+            ("has_tools", pa.bool_()),
+            ("finish_type", pa.string()),
+        ]
+    )
+
+
+def check_parsers(*, generations: Path, prompts: Path, verdicts: Path, verdict_counts: Path, model: dict) -> dict:
+    """A verdict per row in `verdicts`, their counts in `verdict_counts`; reports, never fails."""
+    profile = ModelProfile.from_config(model)
+    rows = check_rows(read_rows(generations), read_rows(prompts), tokenizer=load_tokenizer(profile), profile=profile)
+    semantics = {
+        "reasoning_parser": profile.reasoning_parser,
+        "tool_call_parser": profile.tool_call_parser,
+        "sglang_version": profile.sglang_version,
+    }
+    write_table(rows, verdict_schema(), verdicts, semantics)
+    summary = {**semantics, "verdicts": counts(rows)}
+    verdict_counts.parent.mkdir(parents=True, exist_ok=True)
+    verdict_counts.write_text(json.dumps(summary, indent=2) + "\n")
+    log.info("%s", summary)
+    return summary

@@ -1,0 +1,41 @@
+"""Where every file of a run lives: one table, read by the rules and by the command line alike.
+
+A rule names its inputs and outputs by these keys (`output: prompts=P["prompts"]`), and each step
+function takes parameters of the same names, so `eagle3_datagen.runner` can hand a step its files
+from Snakemake's job or, run by hand, from this table and `--category`/`--shard`.
+"""
+
+PATHS = {
+    # tokenize_prompts
+    "prompts": "results/prompts/{category}.parquet",
+    # plan_generation, preview_generation
+    "plan": "results/plan/{category}/shard_{shard}.json",
+    "preview": "results/plan.tsv",
+    # generate, merge_shards
+    "shard_generations": "results/generations/{category}/shard_{shard}.parquet",
+    "server_log": "logs/generate/{category}/shard_{shard}.server.log",
+    "generations": "results/generations/{category}.parquet",
+    # check_sequences, check_parsers
+    "sequence_report": "results/checks/{category}.sequences.json",
+    "verdicts": "results/checks/{category}.parquet",
+    "verdict_counts": "results/checks/{category}.json",
+    # export_dataset, merge_dataset
+    "dataset": "results/dataset/{category}.jsonl",
+    "dataset_parquet": "results/dataset/{category}.parquet",
+    "rejected": "results/dataset/{category}.rejected.jsonl",
+    "train": "results/dataset/train.jsonl",
+    # summarize, plot_checks
+    "summary": "results/summary.tsv",
+    "lengths_png": "results/plots/lengths.png",
+    "verdicts_png": "results/plots/verdicts.png",
+    "token_share_png": "results/plots/token_share.png",
+    "finish_reasons_png": "results/plots/finish_reasons.png",
+    # build_demo_model
+    "demo_weights": "resources/demo_model/model.safetensors",
+    "demo_tokenizer": "resources/demo_model/tokenizer_config.json",
+}
+
+
+def path(name: str, **wildcards) -> str:
+    """One file of the table, e.g. path("plan", category="math", shard=0)."""
+    return PATHS[name].format(**wildcards)

@@ -1,0 +1,43 @@
+"""One rule for secrets in logs and provenance: a value is hidden when its name is a secret's name.
+
+Whole names only: `api_key`, `admin_api_key`, `hf_token` and `--api-key` are secrets, while
+`tokenizer_path`, `max_total_num_tokens` and `skip_tokenizer_init` are not (a substring match would
+hide them and leave provenance unreadable).
+"""
+
+import re
+
+MASK = "***"
+_SECRET_NAME = re.compile(r"(^|_)(api_key|token|secret|password|passwd|authorization|credentials?)$", re.IGNORECASE)
+
+
+def is_secret_name(name: str) -> bool:
+    """True for a key or flag name that holds a secret (`--api-key` reads as `api_key`)."""
+    return bool(_SECRET_NAME.search(str(name).lstrip("-").replace("-", "_")))
+
+
+def redact(obj):
+    """A copy of a JSON-like value with the values of secret-named keys hidden, at any depth."""
+    if isinstance(obj, dict):
+        return {k: (MASK if is_secret_name(k) and v else redact(v)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj
+
+
+def redact_command(cmd: list[str]) -> str:
+    """A command line fit for a log: the values of secret flags (`--api-key X`, `--api-key=X`) hidden."""
+    out = []
+    hide = False
+    for arg in cmd:
+        if hide:
+            out.append(MASK)
+            hide = False
+            continue
+        name, eq, _ = arg.partition("=")
+        if name.startswith("--") and is_secret_name(name):
+            out.append(f"{name}={MASK}" if eq else arg)
+            hide = not eq
+            continue
+        out.append(arg)
+    return " ".join(out)

@@ -1,0 +1,157 @@
+"""The one entry-point runner of every rule script: Snakemake's job or the command line, same call.
+
+    run(tokenize_prompts, globals().get("snakemake"))
+
+A step is a plain function with keyword-only parameters named after its rule's inputs, outputs,
+params, wildcards and logs (`layout.PATHS` names the files, `workflow.PARAMS` the config values).
+Under Snakemake each parameter is taken from the job by that name; run by hand, the same names
+become options (`--prompts PATH`), and what is not given comes from the same tables for
+`--category`/`--shard` and `--config`. Logging goes to the rule's log (or stderr); an error is logged
+once with its traceback and re-raised, so the job fails.
+"""
+
+import argparse
+import inspect
+import logging
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .layout import PATHS
+from .workflow import PARAMS, category_row, load_config, load_sheet, setup_logging, shard_count
+
+
+def run(step: Callable, snakemake: Any = None, argv: list[str] | None = None) -> Any:
+    if snakemake is not None:
+        setup_logging(snakemake.log[0] if len(snakemake.log) else None)
+        kwargs = from_snakemake(step, snakemake)
+    else:
+        kwargs = from_command_line(step, argv)
+    try:
+        return step(**kwargs)
+    except Exception:
+        logging.getLogger(step.__name__).exception("%s failed", step.__name__)
+        raise
+
+
+def _parameters(step: Callable) -> list[inspect.Parameter]:
+    """The step's keyword-only parameters, annotations resolved (a module may postpone them)."""
+    hints = typing.get_type_hints(step)
+    return [
+        p.replace(annotation=hints.get(p.name, p.annotation))
+        for p in inspect.signature(step).parameters.values()
+        if p.kind is p.KEYWORD_ONLY
+    ]
+
+
+def _convert(value: Any, annotation: Any) -> Any:
+    """A value from Snakemake or argparse as the step's annotation asks (Path, list[Path], int, ...)."""
+    hints = typing.get_args(annotation) if typing.get_origin(annotation) is list else None
+    if hints is not None:
+        items = (
+            value
+            if isinstance(value, (list, tuple)) or hasattr(value, "__iter__") and not isinstance(value, str)
+            else [value]
+        )
+        return [_convert(v, hints[0]) for v in items]
+    if annotation is Path:
+        return Path(str(value))
+    if annotation in (int, float, str):
+        return annotation(value)
+    return value
+
+
+def from_snakemake(step: Callable, sm: Any) -> dict:
+    """Each parameter by name from the job's input, output, params, wildcards or log (one of them)."""
+    sources = {
+        "input": dict(sm.input.items()),
+        "output": dict(sm.output.items()),
+        "params": dict(sm.params.items()),
+        "wildcards": dict(sm.wildcards.items()),
+        "log": dict(sm.log.items()),
+    }
+    kwargs = {}
+    for p in _parameters(step):
+        found = [kind for kind, items in sources.items() if p.name in items]
+        if len(found) > 1:
+            raise TypeError(f"{step.__name__}: the rule names {p.name!r} in {' and '.join(found)}; rename one")
+        if found:
+            kwargs[p.name] = _convert(sources[found[0]][p.name], p.annotation)
+        elif p.default is p.empty:
+            raise TypeError(
+                f"{step.__name__}: the rule gives no input, output, param, wildcard or log named {p.name!r}"
+            )
+    return kwargs
+
+
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def from_command_line(step: Callable, argv: list[str] | None = None) -> dict:
+    """Each parameter from its option, or else as the rule would give it (paths and params tables)."""
+    params = _parameters(step)
+    parser = argparse.ArgumentParser(description=(step.__doc__ or "").strip().split("\n")[0])
+    parser.add_argument("--config", default="config/config.yaml", help="config file (default: %(default)s)")
+    parser.add_argument("--category", help="a category of the category sheet")
+    parser.add_argument("--shard", type=int, default=0, help="shard of the category (default: %(default)s)")
+    for p in params:
+        if p.name not in ("category", "shard"):
+            many = typing.get_origin(p.annotation) is list
+            parser.add_argument(_option(p.name), dest=p.name, nargs="+" if many else None, help=_help(p))
+    args = parser.parse_args(argv)
+    setup_logging()
+    config = load_config(args.config)
+    sheet = load_sheet(config["categories"])
+    row = category_row(sheet, args.category) if args.category else None
+    kwargs = {}
+    for p in params:
+        value = getattr(args, p.name, None)
+        if value is None:
+            value = _from_tables(
+                p.name,
+                many=typing.get_origin(p.annotation) is list,
+                config=config,
+                sheet=sheet,
+                row=row,
+                category=args.category,
+                shard=args.shard,
+            )
+        if value is not None:
+            kwargs[p.name] = _convert(value, p.annotation)
+        elif p.default is p.empty:
+            parser.error(f"{_option(p.name)} is needed (or --category, to take it from the config)")
+    return kwargs
+
+
+def _help(p: inspect.Parameter) -> str:
+    if p.name in PATHS:
+        return f"default: {PATHS[p.name]}"
+    return "default: from --config and --category"
+
+
+def _from_tables(name: str, *, many: bool, config: dict, sheet, row: dict | None, category: str | None, shard: int):
+    """The value the rule would give this parameter: a path of layout.PATHS or a param of workflow.PARAMS."""
+    if name == "category":
+        return category
+    if name == "shard":
+        return shard
+    if name == "source":  # the category's own prompts file
+        return row["prompts"] if row is not None else None
+    if name in PATHS:
+        pattern = PATHS[name]
+        if many and "{shard}" in pattern:
+            return (
+                [pattern.format(category=category, shard=s) for s in range(shard_count(row))]
+                if row is not None
+                else None
+            )
+        if many:
+            return [pattern.format(category=c) for c in sheet["category"]]
+        if "{category}" in pattern and category is None:
+            return None
+        return pattern.format(category=category, shard=shard)
+    if name in PARAMS:
+        return PARAMS[name](config, row or {})
+    return None

@@ -1,0 +1,65 @@
+"""The local engine's app served from a thread of the test process: an SGLang stand-in on loopback
+without a subprocess, for in-process tests of code that talks HTTP (the client, the generate step)."""
+
+import asyncio
+import threading
+import time
+import urllib.request
+from contextlib import contextmanager
+
+from aiohttp import web
+
+from eagle3_datagen.engine.server import create_app
+
+
+@contextmanager
+def running_engine(backend, *, context_length=4096, faults=None, record=None):
+    """Yield the base URL of a healthy engine serving `backend`; stopped on exit."""
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    state = {}
+
+    async def start():
+        app = create_app(
+            backend,
+            context_length=context_length,
+            model_path="m",
+            tokenizer_path="t",
+            record_path=record,
+            faults=faults,
+        )
+        runner = web.AppRunner(app, handler_cancellation=True)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        state["runner"] = runner
+        state["url"] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+    def serve():
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(state["runner"].cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    started.wait(30)
+    url = state["url"]
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("the in-process engine did not become healthy")
+        time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
