@@ -3,11 +3,13 @@ no finished row requested again. The generate script runs directly (the engine's
 stands in for the GPU server)."""
 
 import json
+import os
 import random
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter, defaultdict
 
 import pytest
@@ -127,10 +129,42 @@ def test_5xx_resets_and_hangs_still_give_every_row_exactly_once(workdir):
     assert max(r["attempts"] for r in rows) > 1
 
 
-def test_sigkill_at_ten_random_points_loses_nothing_and_repeats_nothing(workdir):
-    wd = workdir(
-        engine_args="--latency-ms 100:200", client={"concurrency": 8, "max_retries": 3, "progress_interval_s": 1}
-    )
+def test_sigkill_at_ten_random_points_loses_nothing_and_repeats_nothing(workdir, qwen3_tokenizer_dir):
+    # One engine for every run, as a running (external) server: each killed job leaves it serving,
+    # and each run starts in well under a second. (A launched server dying with its job is
+    # tests/unit/test_servers.py's watchdog test and test_resume's kill of Snakemake.)
+    wd = workdir(engine_args="", client={"concurrency": 8, "max_retries": 3, "progress_interval_s": 1})
+    server = start_engine(wd, qwen3_tokenizer_dir, "--latency-ms", "100:200")
+    try:
+        sigkill_ten_times(wd)
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def start_engine(wd, tokenizer, *args):
+    from eagle3_datagen.servers import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "eagle3_datagen.engine", "--backend", "scripted", "--model-dir", str(tokenizer)]
+    cmd += ["--port", str(port), "--context-length", str(wd.config["model"]["context_length"])]
+    cmd += ["--record-dir", str(wd.record_dir), *args]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")), stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.1)
+    wd.config["engine"] = {"kind": "external", "external": {"urls": [url]}}
+    wd.write_config()
+    return proc
+
+
+def sigkill_ten_times(wd):
     rng = random.Random(20261129)
     done_before_run, run_starts = [], []
     for _ in range(10):

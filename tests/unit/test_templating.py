@@ -179,3 +179,38 @@ def test_text_only_encoding_equals_a_tokenizer_without_added_tokens(request, fix
         "  <|endoftext|>  ",
     ]:
         assert fast.encode(text) == reference.encode(text, add_special_tokens=False).ids, text
+
+
+@pytest.mark.parametrize("which", ["qwen3", "kimi"])
+def test_the_tokenizer_loads_as_autotokenizer_would_without_torch(which, qwen3, kimi, tmp_path):
+    """load_tokenizer skips AutoTokenizer (and its torch import) but must give the very same tokenizer."""
+    import subprocess
+    import sys
+
+    from eagle3_datagen.templating import load_tokenizer
+
+    auto, profile = {"qwen3": qwen3, "kimi": kimi}[which]
+    ours = load_tokenizer(profile)
+    assert type(ours) is type(auto) and len(ours) == len(auto) and ours.get_vocab() == auto.get_vocab()
+    conversations = [
+        [{"role": "user", "content": "hi <|im_end|> there"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+    ]
+    for messages in conversations:
+        for tools in (None, WEATHER):
+            kwargs = dict(
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+                **profile.chat_template_kwargs,
+            )
+            assert ours.apply_chat_template(messages, **kwargs) == auto.apply_chat_template(messages, **kwargs)
+    probe = (
+        "import sys; from eagle3_datagen.templating import load_tokenizer; from eagle3_datagen.settings import ModelProfile; "
+        f"load_tokenizer(ModelProfile(name='x', tokenizer={profile.tokenizer!r}, context_length=8)); print('torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env={"PYTHONPATH": ":".join(sys.path)}
+    )
+    assert done.stdout.strip() == "False", done.stderr[-2000:]
