@@ -631,7 +631,7 @@ def build_demo_model(*, demo_weights: Path, demo_model: dict) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m eagle3_datagen.demo_model",
-        description="Build offline fixtures: a Kimi-shaped tokenizer or a tiny demo model.",
+        description="Build the demo's Kimi-shaped tokenizer, or it and the tiny demo model, offline.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     sub = parser.add_subparsers(dest="command", required=True)

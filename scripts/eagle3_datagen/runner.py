@@ -49,11 +49,7 @@ def _convert(value: Any, annotation: Any) -> Any:
     """A value from Snakemake or argparse as the step's annotation asks (Path, list[Path], int, ...)."""
     hints = typing.get_args(annotation) if typing.get_origin(annotation) is list else None
     if hints is not None:
-        items = (
-            value
-            if isinstance(value, (list, tuple)) or hasattr(value, "__iter__") and not isinstance(value, str)
-            else [value]
-        )
+        items = [value] if isinstance(value, str) else list(value)
         return [_convert(v, hints[0]) for v in items]
     if annotation is Path:
         return Path(str(value))

@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-SGLANG_VERSION = "0.5.23"
+from eagle3_datagen.settings import SGLANG_VERSION as SGLANG_VERSION  # the wire format's version
+
 TOP_K_ALL = 1 << 30
 SAMPLING_EPS = 1e-6
 MAX_STOP_COUNT = 32
