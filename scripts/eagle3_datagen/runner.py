@@ -93,7 +93,8 @@ def from_command_line(step: Callable, argv: list[str] | None = None) -> dict:
     parser.add_argument("--category", help="a category of the category sheet")
     parser.add_argument("--shard", type=int, default=0, help="shard of the category (default: %(default)s)")
     for p in params:
-        if p.name not in ("category", "shard"):
+        # Config blocks (dict params) come from --config only; files and scalars can be given.
+        if p.name not in ("category", "shard") and p.annotation is not dict:
             many = typing.get_origin(p.annotation) is list
             parser.add_argument(_option(p.name), dest=p.name, nargs="+" if many else None, help=_help(p))
     args = parser.parse_args(argv)
