@@ -79,7 +79,9 @@ class RequestTemplate:
 
 
 def error_text(status: int, body: str) -> str:
-    """SGLang's three error shapes — {"error": {"message"}}, {"error": "..."}, {"detail": ...} — as one line."""
+    """SGLang's error shapes as one line: {"error": {"message"}}, {"error": "..."}, {"detail": ...}, and
+    the OpenAI-style {"object": "error", "message", "type", "param", "code"} of 0.5.23's validation errors,
+    invalid JSON bodies and aborts."""
     try:
         data = json.loads(body)
     except ValueError:
@@ -92,6 +94,8 @@ def error_text(status: int, body: str) -> str:
             message = data["error"]
         elif "detail" in data:
             message = data["detail"]
+        elif "message" in data:
+            message = data["message"]
     return f"HTTP {status}: {message}"
 
 
@@ -362,12 +366,31 @@ async def fetch_json(url: str, *, headers: dict | None = None, timeout_s: float 
         async with session.get(url, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             text = await resp.text()
             if resp.status != 200:
-                raise RuntimeError(f"GET {url}: {error_text(resp.status, text)}")
+                raise HTTPStatusError(resp.status, f"GET {url}: {error_text(resp.status, text)}")
             return json.loads(text)
 
 
+class HTTPStatusError(RuntimeError):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+async def fetch_info(base_url: str, name: str, *, headers: dict | None = None) -> dict:
+    """`/server_info` or `/model_info` as 0.5.23 names them, else the older `/get_...` form (404 first).
+
+    0.5.23 still serves the `get_` forms but logs a deprecation warning for each call.
+    """
+    try:
+        return await fetch_json(f"{base_url}/{name}", headers=headers)
+    except HTTPStatusError as exc:
+        if exc.status != 404:
+            raise
+        return await fetch_json(f"{base_url}/get_{name}", headers=headers)
+
+
 def check_server_info(info: dict, *, context_length: int, url: str) -> list[str]:
-    """Start-up checks of /get_server_info against the config. Raises on what would corrupt data."""
+    """Start-up checks of /server_info against the config. Raises on what would corrupt data."""
     warnings = []
     if info.get("allow_auto_truncate"):
         raise RuntimeError(f"{url} runs with --allow-auto-truncate: it would silently cut prompts; refusing to use it")

@@ -275,18 +275,18 @@ def job_facts() -> dict:
 
 
 async def _server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
-    from .client import check_server_info, fetch_json
+    from .client import check_server_info, fetch_info
 
     infos = {}
     for url in urls:
-        server_info = await fetch_json(f"{url}/get_server_info", headers=headers)
+        server_info = await fetch_info(url, "server_info", headers=headers)
         for warning in check_server_info(server_info, context_length=profile.context_length, url=url):
             log.warning(warning)
-        model_info = await fetch_json(f"{url}/get_model_info", headers=headers)
+        model_info = await fetch_info(url, "model_info", headers=headers)
         infos[url] = {"server_info": redact(server_info), "model_info": redact(model_info)}
     return infos
 
 
 def server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
-    """Each server's /get_server_info and /get_model_info (secrets hidden), after the start-up checks."""
+    """Each server's /server_info and /model_info (secrets hidden), after the start-up checks."""
     return asyncio.run(_server_provenance(urls, profile, headers))

@@ -178,9 +178,13 @@ def test_http_400_is_final_and_keeps_sglangs_message(backend, tokenizer):
         ('{"error": "unknown field `x`"}', "HTTP 400: unknown field `x`"),
         ('{"detail": "Service unavailable"}', "HTTP 400: Service unavailable"),
         ("<html>bad gateway</html>", "HTTP 400: <html>bad gateway</html>"),
+        (
+            '{"object": "error", "message": "JSON decode error: Expecting value", "type": "Bad Request", "param": null, "code": 400}',
+            "HTTP 400: JSON decode error: Expecting value",
+        ),
     ],
 )
-def test_error_text_reads_all_three_sglang_error_shapes(body, expected):
+def test_error_text_reads_every_sglang_error_shape(body, expected):
     assert error_text(400, body) == expected
 
 
@@ -281,3 +285,22 @@ def test_malformed_answers_end_as_failed_rows_with_their_reason(tokenizer):
     assert "aborted by the server" in reasons["q.3"]
     assert all("output_ids" not in results[(k, 0)] for k in reasons)  # never written as data
     assert results[("q.4", 0)]["status"] == results[("q.5", 0)]["status"] == "ok"
+
+
+def test_server_info_prefers_the_new_routes_and_falls_back_to_get(backend, tokenizer):
+    from aiohttp import web
+
+    from eagle3_datagen.client import fetch_info
+
+    async def main():
+        old = web.Application()  # a server from before 0.5.23: only the get_ routes
+        old.router.add_get("/get_server_info", lambda request: web.json_response({"version": "0.5.8"}))
+        async with TestServer(old, host="127.0.0.1") as server:
+            assert await fetch_info(str(server.make_url("")).rstrip("/"), "server_info") == {"version": "0.5.8"}
+        app = create_app(backend, context_length=4096, model_path="m", tokenizer_path="t")
+        async with TestServer(app, host="127.0.0.1") as server:
+            url = str(server.make_url("")).rstrip("/")
+            info = await fetch_info(url, "server_info")
+            assert info["context_length"] == 4096 and (await fetch_info(url, "model_info"))["model_path"] == "m"
+
+    asyncio.run(main())

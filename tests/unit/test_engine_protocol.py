@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -227,6 +228,8 @@ def test_build_response_shape():
     assert meta["id"] == "r" and meta["finish_reason"] == {"type": "length", "length": 2}
     assert (meta["prompt_tokens"], meta["completion_tokens"], meta["cached_tokens"]) == (5, 2, 0)
     assert meta["e2e_latency"] == 0.5 and meta["weight_version"] == "default"
+    # 0.5.23 adds the wall-clock time the answer left the server, last, to every finished answer.
+    assert list(meta)[-1] == "response_sent_to_client_ts" and abs(meta["response_sent_to_client_ts"] - time.time()) < 60
     json.dumps(out)
 
 

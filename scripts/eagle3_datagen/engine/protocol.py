@@ -20,6 +20,7 @@ No aiohttp and no torch here: the server and both backends build on these functi
 import dataclasses
 import json
 import math
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -666,10 +667,13 @@ def build_response(
     cached_tokens: int = 0,
     e2e_latency: float = 0.0,
     weight_version: str = DEFAULT_WEIGHT_VERSION,
+    response_sent_ts: float | None = None,
 ) -> dict[str, Any]:
     """A non-streamed `/generate` answer for one request (tokenizer_manager._handle_batch_output).
 
-    A request aborted before it ran has no `prompt_tokens` (`_handle_abort_req`): pass None.
+    A request aborted before it ran has no `prompt_tokens` (`_handle_abort_req`): pass None. Every
+    finished answer also carries `response_sent_to_client_ts` (wall-clock seconds), which 0.5.23's
+    `_wait_one_response` adds last, once the request has finished (default: now).
     """
     meta: dict[str, Any] = {"id": rid, "finish_reason": finish_reason}
     if prompt_tokens is not None:
@@ -686,6 +690,7 @@ def build_response(
     else:
         meta.update({"weight_version": weight_version, "completion_tokens": len(output_ids)})
     meta["e2e_latency"] = e2e_latency
+    meta["response_sent_to_client_ts"] = time.time() if response_sent_ts is None else response_sent_ts
     return {"text": text, "output_ids": list(output_ids), "meta_info": meta}
 
 

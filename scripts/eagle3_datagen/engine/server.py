@@ -461,6 +461,18 @@ class EngineServer:
 ENGINE_KEY = web.AppKey("engine", EngineServer)
 
 
+def _deprecated(old: str, new: str, handler):
+    """0.5.23's `get_` routes: the same answer, and a warning in the server log (http_server.py)."""
+
+    async def route(request: web.Request) -> web.Response:
+        log.warning(
+            "Endpoint '%s' is deprecated and will be removed in a future version. Please use '%s' instead.", old, new
+        )
+        return await handler(request)
+
+    return route
+
+
 def create_app(
     backend: Backend,
     *,
@@ -490,10 +502,10 @@ def create_app(
     app.router.add_put("/generate", srv.generate)
     for path in ("/health", "/health_generate"):
         app.router.add_get(path, srv.health)
-    for path in ("/get_server_info", "/server_info"):
-        app.router.add_get(path, srv.server_info)
-    for path in ("/get_model_info", "/model_info"):
-        app.router.add_get(path, srv.model_info)
+    app.router.add_get("/server_info", srv.server_info)
+    app.router.add_get("/model_info", srv.model_info)
+    app.router.add_get("/get_server_info", _deprecated("/get_server_info", "/server_info", srv.server_info))
+    app.router.add_get("/get_model_info", _deprecated("/get_model_info", "/model_info", srv.model_info))
     app.router.add_post("/abort_request", srv.abort_request)
     app.router.add_get("/flush_cache", srv.flush_cache)
     app.router.add_post("/flush_cache", srv.flush_cache)
