@@ -389,13 +389,34 @@ async def fetch_info(base_url: str, name: str, *, headers: dict | None = None) -
         return await fetch_json(f"{base_url}/get_{name}", headers=headers)
 
 
+# SGLang's scheduler admits prompts shorter than max_req_input_len = min(context, KV pool) - 1 - 5
+# (tp_worker.py, 0.5.23): the context a server really serves is that plus 6.
+MAX_REQ_INPUT_MARGIN = 6
+
+
+def served_context(info: dict) -> int | None:
+    """The context the server serves: its --context-length (null when it was not given) and, where
+    reported, the smaller limit its KV pool sets (max_req_input_len); None when it reports neither."""
+    limits = []
+    if info.get("context_length") is not None:
+        limits.append(int(info["context_length"]))
+    if info.get("max_req_input_len") is not None:
+        limits.append(int(info["max_req_input_len"]) + MAX_REQ_INPUT_MARGIN)
+    return min(limits) if limits else None
+
+
 def check_server_info(info: dict, *, context_length: int, url: str) -> list[str]:
     """Start-up checks of /server_info against the config. Raises on what would corrupt data."""
     warnings = []
     if info.get("allow_auto_truncate"):
         raise RuntimeError(f"{url} runs with --allow-auto-truncate: it would silently cut prompts; refusing to use it")
-    server_context = info.get("context_length")
-    if server_context is not None and int(server_context) < context_length:
+    server_context = served_context(info)
+    if server_context is None:
+        raise RuntimeError(
+            f"{url} reports neither context_length nor max_req_input_len, so the prompts sized for "
+            f"model.context_length {context_length} cannot be checked against it; start it with --context-length"
+        )
+    if server_context < context_length:
         raise RuntimeError(
             f"{url} serves a context of {server_context} tokens, but model.context_length is {context_length}: "
             "requests sized for the config would be rejected"

@@ -220,6 +220,14 @@ def test_server_checks_refuse_auto_truncation_and_warn_on_parsers():
         check_server_info({"allow_auto_truncate": True, "context_length": 4096}, context_length=4096, url="u")
     with pytest.raises(RuntimeError, match="context of 2048"):
         check_server_info({"context_length": 2048}, context_length=4096, url="u")
+    # Started without --context-length (null): the limit comes from max_req_input_len (context - 6).
+    assert check_server_info({"context_length": None, "max_req_input_len": 4090}, context_length=4096, url="u") == []
+    with pytest.raises(RuntimeError, match="context of 4095"):
+        check_server_info({"context_length": None, "max_req_input_len": 4089}, context_length=4096, url="u")
+    with pytest.raises(RuntimeError, match="context of 3006"):  # a KV pool smaller than the context
+        check_server_info({"context_length": 8192, "max_req_input_len": 3000}, context_length=4096, url="u")
+    with pytest.raises(RuntimeError, match="start it with --context-length"):
+        check_server_info({"context_length": None}, context_length=4096, url="u")
     warnings = check_server_info(
         {"context_length": 8192, "reasoning_parser": "kimi_k2", "tool_call_parser": "kimi_k2"},
         context_length=4096,

@@ -377,6 +377,8 @@ class EngineServer:
             "load_format": "auto",
             "trust_remote_code": False,
             "context_length": self.context_length,
+            # scheduler_info (tp_worker.py): min(context, KV pool) - 1 - 5; this engine's pool is unbounded.
+            "max_req_input_len": self.context_length - 6,
             "is_embedding": False,
             "served_model_name": self.model_path,
             "weight_version": protocol.DEFAULT_WEIGHT_VERSION,
