@@ -1,4 +1,8 @@
-"""Prompt tokenization throughput against the bare floor (Jinja rendering + encode_batch of the same prompts).
+"""Prompt tokenization throughput against the bare floor (Jinja rendering + batch encoding of the same prompts).
+
+Three tokenizers: the real Qwen3 one and the Kimi-shaped one (fast, tokenizer.json), and the
+TikToken one in the format of Kimi-K2.5's real tokenizer (slow remote code over tiktoken.Encoding;
+its floor encodes with the Encoding's own `encode_batch`).
 
 Conversations are built from the demo prompt files (config/prompts/*.jsonl, read with read_prompts as
 the pipeline does), repeated and varied (a numbered prefix and a sentence of another row added to the
@@ -20,7 +24,7 @@ alternating, median of the repeats:
 The goal is ChatTokenizer at >= 0.9x the floor's prompts/s. The ids of ChatTokenizer and the naive
 loop are compared on every row without literal control text (where they must agree).
 
-    .venv/bin/python bench/tokenization.py [--rows 5000] [--repeats 3] [--model kimi|qwen3|both]
+    .venv/bin/python bench/tokenization.py [--rows 5000] [--repeats 3] [--model kimi|qwen3|tiktoken|all]
 """
 
 import argparse
@@ -37,21 +41,33 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from eagle3_datagen import demo_model as fixtures  # noqa: E402
 from eagle3_datagen.prompts import PromptRow, read_prompts  # noqa: E402
 from eagle3_datagen.settings import Budget, ModelProfile  # noqa: E402
-from eagle3_datagen.templating import ChatTokenizer, TextOnlyEncoder, group_by_tools  # noqa: E402
+from eagle3_datagen.templating import ChatTokenizer, TextOnlyEncoder, group_by_tools, tiktoken_model  # noqa: E402
 from eagle3_datagen.tokenize_prompts import build_prompt_rows  # noqa: E402
 
 
-def kimi_tokenizer_path() -> Path:
+def fixture_path(name: str, build) -> Path:
     key = hashlib.sha256(Path(fixtures.__file__).read_bytes()).hexdigest()[:16]
-    path = ROOT / ".cache" / "fixtures" / key / "kimi_tokenizer"
+    path = ROOT / ".cache" / "fixtures" / key / name
     if not path.is_dir():
-        fixtures.build_kimi_shaped_tokenizer(path)
+        build(path)
     return path
 
 
 def profiles() -> dict:
-    kimi, qwen = kimi_tokenizer_path(), fixtures.qwen3_tokenizer_dir()
+    kimi, qwen = fixture_path("kimi_tokenizer", fixtures.build_kimi_shaped_tokenizer), fixtures.qwen3_tokenizer_dir()
+    tiktoken_dir = fixture_path("kimi_tiktoken", fixtures.build_kimi_tiktoken_tokenizer)
     return {
+        "tiktoken": ModelProfile(
+            name="kimi-tiktoken",
+            tokenizer=str(tiktoken_dir),
+            trust_remote_code=True,
+            context_length=131072,
+            chat_template_kwargs={"thinking": True},
+            prompt_suffix=("<think>",),
+            reasoning_end="</think>",
+            stop_tokens=("<|im_end|>",),
+            prompt_only_tokens=("<think>",),
+        ),
         "kimi": ModelProfile(
             name="kimi",
             tokenizer=str(kimi),
@@ -95,7 +111,10 @@ def floor(tok, profile: ModelProfile, groups: list[tuple[list, list]]) -> float:
         texts = tok.apply_chat_template(
             convs, tools=tools, add_generation_prompt=True, tokenize=False, **profile.chat_template_kwargs
         )
-        tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+        if getattr(tok, "backend_tokenizer", None) is not None:
+            tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+        else:  # TikToken: its Encoding's own batch encoding, special-token text matched as the tokenizer does
+            tiktoken_model(tok).encode_batch(texts, allowed_special="all")
     return time.perf_counter() - t0
 
 
@@ -141,7 +160,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--model", choices=["kimi", "qwen3", "both"], default="both")
+    ap.add_argument("--model", choices=["kimi", "qwen3", "tiktoken", "all"], default="all")
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
@@ -154,9 +173,9 @@ def main() -> int:
         f"{'tokenizer':10}{'prompt tok':>11}{'step':>21}{'seconds':>9}{'(min-max)':>13}{'prompts/s':>11}{'vs floor':>10}"
     )
     for name, profile in profiles().items():
-        if args.model not in (name, "both"):
+        if args.model not in (name, "all"):
             continue
-        tok = AutoTokenizer.from_pretrained(profile.tokenizer)
+        tok = AutoTokenizer.from_pretrained(profile.tokenizer, trust_remote_code=profile.trust_remote_code)
         groups = [
             ([rows[i].messages for i in idx], rows[idx[0]].tools)
             for idx in group_by_tools([r.tools for r in rows]).values()

@@ -74,6 +74,14 @@ def kimi_tokenizer_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def kimi_tiktoken_dir() -> Path:
+    """A tokenizer in the format of Kimi-K2.5's real one: tiktoken.model, remote code, no tokenizer.json."""
+    from eagle3_datagen.demo_model import build_kimi_tiktoken_tokenizer
+
+    return cached_build("kimi_tiktoken", build_kimi_tiktoken_tokenizer)
+
+
+@pytest.fixture(scope="session")
 def demo_model_dir() -> Path:
     """The Kimi-shaped tokenizer plus the tiny trained Qwen3 demo model."""
     import torch

@@ -49,6 +49,8 @@ QWEN3_TOKENIZER_SHA256 = "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe79
 QWEN3_BPE_SIZE = 151643
 #: Vocabulary size of Kimi-K2 (and of the Kimi-shaped tokenizer).
 KIMI_VOCAB_SIZE = 163840
+#: The first of Kimi-K2's 256 special ids (its tiktoken.model holds 163,584 ranks).
+KIMI_FIRST_SPECIAL = 163584
 
 #: Kimi-K2 added tokens: content -> (id, special flag).
 KIMI_SPECIAL_TOKENS: dict[str, tuple[int, bool]] = {
@@ -105,13 +107,14 @@ KIMI_CHAT_TEMPLATE = r"""{%- macro render_content(msg) -%}
 {%- for m in messages -%}
 {%- if m.role == 'assistant' and not m.tool_calls -%}{%- set ns.last_non_tool_call_assistant_msg = loop.index0 -%}{%- endif -%}
 {%- endfor -%}
-{%- if tools -%}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>{%- endif -%}
+{%- if tools -%}<|im_system|>tool_declare<|im_middle|>{{ tools_ts_str if tools_ts_str is defined and tools_ts_str else tools | tojson }}<|im_end|>{%- endif -%}
 {%- if messages | length == 0 or messages[0].role != 'system' -%}<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>{%- endif -%}
 {%- for message in messages -%}
-{%- if message.role == 'system' -%}<|im_system|>system<|im_middle|>{{ render_content(message) }}<|im_end|>
-{%- elif message.role == 'user' -%}<|im_user|>user<|im_middle|>{{ render_content(message) }}<|im_end|>
-{%- elif message.role == 'tool' -%}<|im_system|>{{ message.name or 'tool' }}<|im_middle|>## Return of {{ message.tool_call_id }}{{ '\n' }}{{ render_content(message) }}<|im_end|>
-{%- elif message.role == 'assistant' -%}<|im_assistant|>assistant<|im_middle|>
+{%- set role_name = message.name or message.role -%}
+{%- if message.role == 'system' -%}<|im_system|>{{ role_name }}<|im_middle|>{{ render_content(message) }}<|im_end|>
+{%- elif message.role == 'user' -%}<|im_user|>{{ role_name }}<|im_middle|>{{ render_content(message) }}<|im_end|>
+{%- elif message.role == 'tool' -%}<|im_system|>{{ role_name }}<|im_middle|>## Return of {{ message.tool_call_id }}{{ '\n' }}{{ render_content(message) }}<|im_end|>
+{%- elif message.role == 'assistant' -%}<|im_assistant|>{{ role_name }}<|im_middle|>
 {%- if loop.index0 <= ns.last_non_tool_call_assistant_msg -%}<think></think>
 {%- else -%}<think>{{ message.reasoning_content or '' }}</think>
 {%- endif -%}
@@ -272,6 +275,69 @@ def _write_kimi_tokenizer(out_dir: Path) -> None:
     }
     with open(out_dir / "special_tokens_map.json", "w", encoding="utf-8") as f:
         json.dump(special_map, f, indent=2)
+
+
+TIKTOKEN_MODULE = Path(__file__).with_name("tiktoken_fixture") / "tokenization_kimi.py"
+
+
+def _write_kimi_tiktoken_tokenizer(out_dir: Path) -> None:
+    import base64
+
+    src = qwen3_tokenizer_dir() / "tokenizer.json"
+    with open(src, encoding="utf-8") as f:
+        vocab = json.load(f)["model"]["vocab"]
+    if len(vocab) != QWEN3_BPE_SIZE:
+        raise ValueError(f"unexpected BPE vocabulary in {src}")
+    # Byte-level BPE strings back to bytes: Qwen's ids are tiktoken ranks (its BPE came from tiktoken).
+    byte_decoder = {v: k for k, v in _bytes_to_unicode().items()}
+    lines = []
+    for token, rank in sorted(vocab.items(), key=lambda kv: kv[1]):
+        lines.append(base64.b64encode(bytes(byte_decoder[c] for c in token)).decode() + f" {rank}")
+    # Ranks up to Kimi's 163,584, so that the 256 special ids start where Kimi's do; the fillers
+    # begin with 0xff, which no UTF-8 text holds, so no text ever encodes to them.
+    for rank in range(QWEN3_BPE_SIZE, KIMI_FIRST_SPECIAL):
+        lines.append(base64.b64encode(b"\xff" + rank.to_bytes(3, "big")).decode() + f" {rank}")
+    (out_dir / "tiktoken.model").write_text("\n".join(lines) + "\n")
+    shutil.copy(TIKTOKEN_MODULE, out_dir / "tokenization_kimi.py")
+    config = {
+        "tokenizer_class": "TikTokenTokenizer",
+        "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
+        "bos_token": "[BOS]",
+        # As the Kimi-shaped fixture: the end of a turn is the end of a sequence (SGLang adds the
+        # tokenizer's eos to the stop ids, so it must be one of the profile's stop tokens).
+        "eos_token": "<|im_end|>",
+        "pad_token": "[PAD]",
+        "unk_token": "[UNK]",
+        "model_max_length": 262144,
+        "clean_up_tokenization_spaces": False,
+        "added_tokens_decoder": {
+            str(idx): {k: v for k, v in _added_token(content, idx, special).items() if k != "id"}
+            for content, (idx, special) in sorted(KIMI_SPECIAL_TOKENS.items(), key=lambda kv: kv[1][0])
+        },
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (out_dir / "chat_template.jinja").write_text(KIMI_CHAT_TEMPLATE)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return bytes_to_unicode()
+
+
+def build_kimi_tiktoken_tokenizer(out_dir: Path) -> Path:
+    """Write a tokenizer directory in the format of Kimi-K2.5's real one to ``out_dir``; return it.
+
+    A ``tiktoken.model`` rank file (Qwen3's byte-level BPE as ranks 0..151642, unreachable fillers up
+    to 163583), the remote-code module ``tokenization_kimi.py`` (a slow ``PreTrainedTokenizer`` over
+    ``tiktoken.Encoding``: no ``tokenizer.json``, no ``backend_tokenizer``; 256 special ids from
+    163584, named by ``added_tokens_decoder``), ``tokenizer_config.json`` with ``auto_map``, and the
+    Kimi-shaped chat template as ``chat_template.jinja``. Loads only with ``trust_remote_code=True``.
+    """
+    t0 = time.monotonic()
+    out = _atomic_build(Path(out_dir), _write_kimi_tiktoken_tokenizer)
+    log.info("wrote the TikToken Kimi tokenizer to %s in %.1f s", out, time.monotonic() - t0)
+    return out
 
 
 def build_kimi_shaped_tokenizer(out_dir: Path) -> Path:

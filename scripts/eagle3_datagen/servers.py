@@ -96,7 +96,9 @@ def sglang_command(engine: dict, *, port: int, context_length: int, api_key: str
 LOCAL_ENGINE_ARGS_ENV = "EAGLE3_DATAGEN_ENGINE_ARGS"
 
 
-def local_engine_command(engine: dict, *, port: int, context_length: int, tokenizer: str) -> list[str]:
+def local_engine_command(
+    engine: dict, *, port: int, context_length: int, tokenizer: str, trust_remote_code: bool = False
+) -> list[str]:
     """The command line of the CPU stand-in engine (python -m eagle3_datagen.engine)."""
     local = engine["local"]
     cmd = [
@@ -118,6 +120,8 @@ def local_engine_command(engine: dict, *, port: int, context_length: int, tokeni
         "--max-batch",
         str(local["max_batch"]),
     ]
+    if trust_remote_code:  # as the model profile says, like SGLang's --trust-remote-code
+        cmd.append("--trust-remote-code")
     return cmd + shlex.split(os.environ.get(LOCAL_ENGINE_ARGS_ENV, ""))
 
 
@@ -258,7 +262,11 @@ def servers(engine: dict, *, profile: ModelProfile, log_path: Path, key: str | N
         cmd = sglang_command(engine, port=port, context_length=profile.context_length, api_key=key)
     else:
         cmd = local_engine_command(
-            engine, port=port, context_length=profile.context_length, tokenizer=profile.tokenizer
+            engine,
+            port=port,
+            context_length=profile.context_length,
+            tokenizer=profile.tokenizer,
+            trust_remote_code=profile.trust_remote_code,
         )
     server = ManagedServer(cmd, port=port, log_path=log_path, startup_timeout_s=float(engine["startup_timeout_s"]))
     with server as url:

@@ -99,7 +99,9 @@ def build_prompt_rows(
         prompt_ids = tokens.prompt_ids if tokens is not None else []
         reason = row.reason
         max_new = 0
-        if reason is None:
+        if reason is None and tokens.error is not None:
+            reason = f"{row.source}: field 'messages': the chat template cannot render or encode it: {tokens.error}"
+        elif reason is None:
             max_new, reason = output_budget(len(prompt_ids), context_length=profile.context_length, budget=budget)
             if reason is not None:
                 reason = f"{row.source}: {reason}"

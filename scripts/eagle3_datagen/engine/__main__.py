@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--context-length", type=int, required=True)
+    p.add_argument("--trust-remote-code", action="store_true", help="load a tokenizer that ships its own code")
     p.add_argument("--record", type=Path, help="append one JSON line per served request here")
     p.add_argument("--record-dir", type=Path, help="like --record, to DIR/<pid>.jsonl (one file per engine)")
     p.add_argument("--latency-ms", type=_range, help="added latency LO:HI in ms, uniform")
@@ -71,13 +72,19 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
         return 3
     tokenizer_dir = args.tokenizer_dir or args.model_dir
     if args.backend == "model":
-        backend = ModelBackend(args.model_dir, tokenizer_dir=tokenizer_dir, max_batch=args.max_batch)
+        backend = ModelBackend(
+            args.model_dir,
+            tokenizer_dir=tokenizer_dir,
+            max_batch=args.max_batch,
+            trust_remote_code=args.trust_remote_code,
+        )
     else:
         backend = ScriptedBackend(
             tokenizer_dir,
             model_dir=args.model_dir,
             token_delay_s=args.token_delay_ms / 1000.0,
             max_batch=args.max_batch,
+            trust_remote_code=args.trust_remote_code,
         )
     faults = Faults(
         latency_ms=args.latency_ms,

@@ -174,11 +174,13 @@ class Backend:
 
 
 @functools.lru_cache(maxsize=8)
-def load_tokenizer(tokenizer_dir: Path):
-    """A tokenizer per directory, loaded once per process (engines restarted in tests share it)."""
+def load_tokenizer(tokenizer_dir: Path, trust_remote_code: bool = False):
+    """A tokenizer per directory, loaded once per process (engines restarted in tests share it).
+
+    `trust_remote_code` as SGLang's `--trust-remote-code`: Kimi's TikToken tokenizer is remote code."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    return AutoTokenizer.from_pretrained(str(tokenizer_dir), trust_remote_code=trust_remote_code)
 
 
 def _read_config(model_dir: Path | None) -> dict[str, Any]:
@@ -222,8 +224,10 @@ class ScriptedBackend(Backend):
         max_batch: int = 16,
         ramble_rate: float = 0.15,
         tool_rate: float = 0.5,
+        trust_remote_code: bool = False,
     ):
         super().__init__(max_batch=max_batch)
+        self.trust_remote_code = trust_remote_code
         self.tokenizer_dir = Path(tokenizer_dir)
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self.token_delay_s = token_delay_s
@@ -231,7 +235,7 @@ class ScriptedBackend(Backend):
         self.tool_rate = tool_rate
 
     def load(self) -> None:
-        tok = load_tokenizer(self.tokenizer_dir)
+        tok = load_tokenizer(self.tokenizer_dir, self.trust_remote_code)
         self.tokenizer = tok
         self.vocab_size = len(tok)
         cfg = _read_config(self.model_dir)
@@ -415,8 +419,10 @@ class ModelBackend(Backend):
         max_batch: int = 16,
         num_threads: int = 1,
         dtype: str = "float32",
+        trust_remote_code: bool = False,
     ):
         super().__init__(max_batch=max_batch)
+        self.trust_remote_code = trust_remote_code
         self.model_dir = Path(model_dir)
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else self.model_dir
         self.num_threads = num_threads
@@ -429,7 +435,7 @@ class ModelBackend(Backend):
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(self.num_threads)
-        self.tokenizer = load_tokenizer(self.tokenizer_dir)
+        self.tokenizer = load_tokenizer(self.tokenizer_dir, self.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=getattr(torch, self.dtype))
         model.eval()
         self.model = model

@@ -375,7 +375,7 @@ class EngineServer:
             "tokenizer_mode": "auto",
             "skip_tokenizer_init": False,
             "load_format": "auto",
-            "trust_remote_code": False,
+            "trust_remote_code": bool(getattr(self.backend, "trust_remote_code", False)),
             "context_length": self.context_length,
             # scheduler_info (tp_worker.py): min(context, KV pool) - 1 - 5; this engine's pool is unbounded.
             "max_req_input_len": self.context_length - 6,
