@@ -13,7 +13,7 @@ from pathlib import Path
 from .client import GenerateClient, RequestTemplate, ServerDied
 from .journal import Journal
 from .plan_generation import make_plan, make_template, open_journal, shard_rows
-from .servers import api_key, job_facts, server_provenance, servers, terminate_on_sigterm
+from .servers import api_key, job_facts, seeds_honoured, server_provenance, servers, terminate_on_sigterm
 from .settings import ClientSettings, ModelProfile, stable_hash
 from .tables import GENERATIONS_SCHEMA, read_provenance, read_rows, write_table
 
@@ -94,6 +94,14 @@ def generate_category(
             headers = {"Authorization": f"Bearer {key}"} if key else {}
             with servers(engine, profile=profile, log_path=server_log, key=key) as srv:
                 provenance["servers"] = server_provenance(srv.urls, profile, headers)
+                # A seed labels a row; it makes the row reproducible only where the server honours it.
+                provenance["seeds_honoured"] = seeds_honoured(provenance["servers"])
+                if not provenance["seeds_honoured"]:
+                    log.warning(
+                        "%s: the server runs without --enable-deterministic-inference: each row's seed is "
+                        "recorded but does not make it reproducible (engine.deterministic_inference)",
+                        category,
+                    )
                 client = GenerateClient(
                     srv.urls, template, client_settings, label=category, headers=headers, alive=srv.alive
                 )

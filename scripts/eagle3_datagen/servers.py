@@ -83,6 +83,8 @@ def sglang_command(engine: dict, *, port: int, context_length: int, api_key: str
     ]
     if sglang["trust_remote_code"]:
         cmd.append("--trust-remote-code")
+    if engine["deterministic_inference"]:
+        cmd.append("--enable-deterministic-inference")
     if sglang["mem_fraction_static"] is not None:
         cmd += ["--mem-fraction-static", str(sglang["mem_fraction_static"])]
     if api_key:
@@ -122,6 +124,8 @@ def local_engine_command(
     ]
     if trust_remote_code:  # as the model profile says, like SGLang's --trust-remote-code
         cmd.append("--trust-remote-code")
+    if engine["deterministic_inference"]:
+        cmd.append("--enable-deterministic-inference")
     return cmd + shlex.split(os.environ.get(LOCAL_ENGINE_ARGS_ENV, ""))
 
 
@@ -293,6 +297,11 @@ async def _server_provenance(urls: list[str], profile: ModelProfile, headers: di
         model_info = await fetch_info(url, "model_info", headers=headers)
         infos[url] = {"server_info": redact(server_info), "model_info": redact(model_info)}
     return infos
+
+
+def seeds_honoured(infos: dict) -> bool:
+    """Whether every server honoured the requests' sampling_seed: only with --enable-deterministic-inference."""
+    return bool(infos) and all(bool(i["server_info"].get("enable_deterministic_inference")) for i in infos.values())
 
 
 def server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:

@@ -81,7 +81,8 @@ def serve(backend, fn, *, record=None, faults=None, context_length=CONTEXT):
 
 
 def scripted(**kw):
-    return ScriptedBackend(TOKENIZER_DIR, **kw)
+    """A scripted backend that honours seeds (--enable-deterministic-inference), unless told otherwise."""
+    return ScriptedBackend(TOKENIZER_DIR, **{"deterministic": True, **kw})
 
 
 def read_record(path):
@@ -470,7 +471,7 @@ def test_model_backend_greedy_batch_equals_single_and_seeds(tok, tiny_model, tmp
         assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": first}
         return singles
 
-    singles = serve(ModelBackend(tiny_model, max_batch=8), fn, record=record)
+    singles = serve(ModelBackend(tiny_model, max_batch=8, deterministic=True), fn, record=record)
     rows = {r["rid"]: r for r in read_record(record)}
     assert [rows[f"g{i}"]["output_ids"] for i in range(4)] == singles
 
@@ -565,3 +566,26 @@ def test_cli_exits_when_its_parent_dies(tmp_path):
         time.sleep(0.2)
     os.kill(pid, signal.SIGKILL)
     raise AssertionError("engine outlived its parent")
+
+
+def test_without_deterministic_inference_the_seed_has_no_effect(tok, tiny_model):
+    """As SGLang 0.5.23 without --enable-deterministic-inference: sampling_seed is accepted but unused."""
+    p = prompt(tok, "Tell me a story about a cat.")
+    params = {"max_new_tokens": 24, "temperature": 1.0, "ignore_eos": True}
+
+    async def fn(client):
+        outs = []
+        for seed in (1, 1, 2):
+            r = await client.post(
+                "/generate", json={"input_ids": p, "sampling_params": dict(params, sampling_seed=seed)}
+            )
+            outs.append((await r.json())["output_ids"])
+        info = await (await client.get("/server_info")).json()
+        return outs, info["enable_deterministic_inference"]
+
+    (a, b, c), flag = serve(scripted(deterministic=False), fn)
+    assert a == b == c and flag is False  # the script depends on the prompt alone
+    (a, b, c), _ = serve(scripted(), fn)
+    assert a == b != c
+    (a, b, c), flag = serve(ModelBackend(tiny_model, max_batch=4), fn)
+    assert not (a == b == c) and flag is False  # sampled afresh every time, whatever the seed

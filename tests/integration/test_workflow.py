@@ -115,6 +115,8 @@ def test_provenance_travels_with_the_generations(demo_run):
     (server,) = prov["servers"].values()
     assert server["server_info"]["context_length"] == 2048
     assert "model_path" in server["model_info"]
+    # The demo launches its engine with --enable-deterministic-inference: seeds made the rows.
+    assert server["server_info"]["enable_deterministic_inference"] is True and prov["seeds_honoured"] is True
     table = pq.read_table(demo_run.path / "results" / "generations" / "chat.parquet")
     assert table.schema.field("output_ids").type.value_type == pa.int32()
 

@@ -80,6 +80,8 @@ def test_every_row_holds_exactly_what_the_server_returned(make_prompts, engine, 
     assert len(skipped) == 1 and "field 'messages'" in skipped[0]["error"]
     provenance = read_provenance(tmp_path / "results" / "generations" / "cat" / "shard_0.parquet")
     assert provenance["plan"]["to_send"] == 12 and provenance["prompts"]["stop_token_ids"] == [151645]
+    # This engine runs without --enable-deterministic-inference: the seeds were not honoured, and it says so.
+    assert provenance["seeds_honoured"] is False
 
 
 def test_a_second_run_sends_nothing_and_gives_the_same_rows(make_prompts, engine, tmp_path):

@@ -142,3 +142,12 @@ def test_the_watchdog_stops_the_server_when_its_job_dies(tmp_path):
     else:
         os.kill(server_pid, signal.SIGKILL)
         pytest.fail("the server outlived its job")
+
+
+def test_deterministic_inference_reaches_the_servers_a_job_launches():
+    engine = json.loads(json.dumps(SGLANG))
+    assert "--enable-deterministic-inference" not in sglang_command(engine, port=1, context_length=10)
+    engine["deterministic_inference"] = True
+    assert "--enable-deterministic-inference" in sglang_command(engine, port=1, context_length=10)
+    local = defaults("engine", kind="local", deterministic_inference=True, local={"backend": "scripted"})
+    assert "--enable-deterministic-inference" in local_engine_command(local, port=5, context_length=64, tokenizer="/t")

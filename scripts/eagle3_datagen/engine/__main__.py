@@ -44,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--context-length", type=int, required=True)
     p.add_argument("--trust-remote-code", action="store_true", help="load a tokenizer that ships its own code")
+    p.add_argument(
+        "--enable-deterministic-inference",
+        action="store_true",
+        help="honour each request's sampling_seed (as SGLang does only with this flag)",
+    )
     p.add_argument("--record", type=Path, help="append one JSON line per served request here")
     p.add_argument("--record-dir", type=Path, help="like --record, to DIR/<pid>.jsonl (one file per engine)")
     p.add_argument("--latency-ms", type=_range, help="added latency LO:HI in ms, uniform")
@@ -77,6 +82,7 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
             tokenizer_dir=tokenizer_dir,
             max_batch=args.max_batch,
             trust_remote_code=args.trust_remote_code,
+            deterministic=args.enable_deterministic_inference,
         )
     else:
         backend = ScriptedBackend(
@@ -85,6 +91,7 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
             token_delay_s=args.token_delay_ms / 1000.0,
             max_batch=args.max_batch,
             trust_remote_code=args.trust_remote_code,
+            deterministic=args.enable_deterministic_inference,
         )
     faults = Faults(
         latency_ms=args.latency_ms,

@@ -100,8 +100,11 @@ class Backend:
 
     name = "backend"
 
-    def __init__(self, *, max_batch: int = 16):
+    def __init__(self, *, max_batch: int = 16, deterministic: bool = False):
         self.max_batch = max_batch
+        # SGLang 0.5.23 builds the per-request seed tensor only with --enable-deterministic-inference
+        # (sampling_batch_info.py): without it a request's sampling_seed has no effect.
+        self.deterministic = deterministic
         self.tokenizer: Any = None
         self.eos_token_ids: frozenset = frozenset()
         self.vocab_size: int | None = None
@@ -225,8 +228,9 @@ class ScriptedBackend(Backend):
         ramble_rate: float = 0.15,
         tool_rate: float = 0.5,
         trust_remote_code: bool = False,
+        deterministic: bool = False,
     ):
-        super().__init__(max_batch=max_batch)
+        super().__init__(max_batch=max_batch, deterministic=deterministic)
         self.trust_remote_code = trust_remote_code
         self.tokenizer_dir = Path(tokenizer_dir)
         self.model_dir = Path(model_dir) if model_dir is not None else None
@@ -271,7 +275,8 @@ class ScriptedBackend(Backend):
     # -- the script
     def _rng(self, job: Job) -> random.Random:
         h = hashlib.sha256()
-        h.update(json.dumps([job.input_ids, job.params.sampling_seed]).encode())
+        seed = job.params.sampling_seed if self.deterministic else None  # ignored, as SGLang does
+        h.update(json.dumps([job.input_ids, seed]).encode())
         return random.Random(int.from_bytes(h.digest()[:8], "big"))
 
     def _words(self, rng: random.Random, n: int) -> list[int]:
@@ -420,8 +425,9 @@ class ModelBackend(Backend):
         num_threads: int = 1,
         dtype: str = "float32",
         trust_remote_code: bool = False,
+        deterministic: bool = False,
     ):
-        super().__init__(max_batch=max_batch)
+        super().__init__(max_batch=max_batch, deterministic=deterministic)
         self.trust_remote_code = trust_remote_code
         self.model_dir = Path(model_dir)
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else self.model_dir
@@ -543,7 +549,7 @@ class ModelBackend(Backend):
         cache = DynamicCache()
         out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         gen = torch.Generator()
-        seed = job.params.sampling_seed
+        seed = job.params.sampling_seed if self.deterministic else None  # ignored, as SGLang does
         gen.manual_seed(seed % (1 << 63) if seed is not None else random.getrandbits(63))
         row = _Row(
             job,

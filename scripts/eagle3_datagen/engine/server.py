@@ -394,6 +394,7 @@ class EngineServer:
             "preferred_sampling_params": None,
             "sampling_defaults": "model",
             "random_seed": None,
+            "enable_deterministic_inference": bool(self.backend.deterministic),
             "startup_time": self.startup_time,
             "internal_states": [],
             "version": self.version,
