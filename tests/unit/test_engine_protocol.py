@@ -238,3 +238,17 @@ def test_read_eos_token_ids(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
     assert protocol.read_eos_token_ids(tmp_path, 9) == {7, 8, 9}
     assert protocol.read_eos_token_ids(tmp_path / "none", None) == frozenset()
+
+
+def test_a_5xx_abort_answers_in_the_shape_of_sglangs_http_exception_handler():
+    from eagle3_datagen.client import error_text
+
+    body = protocol.http_exception_body("The request was aborted: out of memory.", 503)
+    assert body == {
+        "object": "error",
+        "message": "The request was aborted: out of memory.",
+        "type": "503",
+        "param": None,
+        "code": 503,
+    }
+    assert error_text(503, json.dumps(body)) == "HTTP 503: The request was aborted: out of memory."

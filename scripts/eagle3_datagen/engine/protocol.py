@@ -97,6 +97,12 @@ def error_body(message: str) -> dict[str, Any]:
     return {"error": {"message": message}}
 
 
+def http_exception_body(message: str, status: int) -> dict[str, Any]:
+    """`http_server`'s handler of a `fastapi.HTTPException` (a 5xx abort of `_handle_abort_finish_reason`):
+    the OpenAI-style `ErrorResponse` of entrypoints/openai/protocol.py."""
+    return {"object": "error", "message": message, "type": str(status), "param": None, "code": status}
+
+
 def contract_error_body(text: str) -> dict[str, Any]:
     """`http_server.generate_request`: the request-schema check's refusal."""
     return {"error": text}

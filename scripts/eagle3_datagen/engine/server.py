@@ -349,7 +349,7 @@ class EngineServer:
                     self._record_job(j, code, t_start)
                 if code == 400:
                     return _json(protocol.error_body(msg), 400)
-                return _json({"detail": msg}, code)
+                return _json(protocol.http_exception_body(msg, code), code)
         for job in jobs:
             self._record_job(job, 200, t_start)
         if parsed.stream:
