@@ -217,7 +217,12 @@ class TiktokenPath:
         if any(t.lstrip or t.rstrip or t.single_word for t in added.values()):
             return False
         specials = model._special_tokens  # the Encoding's own {text: id}
-        return all(specials.get(t.content) == i for i, t in added.items())
+        if not all(specials.get(t.content) == i for i, t in added.items()):
+            return False
+        # And its encode(text) must be the plain one (no BOS added, special text matched): probe it
+        # against transformers' path on a text that holds an added token.
+        probe = "Hi " + next((t.content for t in added.values()), "") + " there"
+        return tokenizer.encode(probe) == tokenizer.encode(probe, add_special_tokens=False)
 
     def encode(self, text: str) -> list[int]:
         if len(text) <= self.CHUNKING_FREE_CHARS:

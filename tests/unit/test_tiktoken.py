@@ -194,3 +194,20 @@ def test_decoding_keeps_tool_call_tokens_and_drops_specials_when_asked(kimi):
     kept = tok.decode(ids, skip_special_tokens=True)
     assert kept == "Hi" + "".join(tok.convert_ids_to_tokens(section))
     assert tok.decode(ids, skip_special_tokens=False).endswith("<|im_end|>")
+
+
+def test_the_fast_path_is_used_only_where_it_equals_transformers_path(kimi):
+    from eagle3_datagen.templating import TiktokenPath
+
+    tok, _ = kimi
+    assert TiktokenPath.applies(tok)
+
+    class AddsBos(type(tok)):
+        def encode(self, text, **kwargs):  # a TikToken tokenizer whose plain encode adds BOS
+            return ([self.bos_token_id] if not kwargs else []) + super().encode(text, **kwargs)
+
+    tok.__class__ = AddsBos
+    try:
+        assert not TiktokenPath.applies(tok)
+    finally:
+        tok.__class__ = AddsBos.__mro__[1]
