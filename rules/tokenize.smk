@@ -34,5 +34,6 @@ rule tokenize_prompts:
         samples_per_prompt=get_param("samples_per_prompt"),
         seed=get_param("seed"),
         on_bad_rows=get_param("on_bad_rows"),
+        allow_empty=get_param("allow_empty"),
     script:
         "../scripts/tokenize_prompts.py"

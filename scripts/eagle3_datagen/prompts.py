@@ -6,6 +6,7 @@ Input rows are JSONL (or Parquet) with one conversation each, in OpenAI message 
 """
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,36 +155,195 @@ def normalize_row(obj, *, source: str) -> PromptRow:
     return row
 
 
-def _iter_jsonl(path: Path):
-    """Yield (line number, parsed object or error text) for each non-blank line of a JSONL file."""
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
+class PromptFileError(ValueError):
+    """A prompt file that cannot be read as a whole (truncated array, wrong format, bad compression)."""
+
+
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+COLUMNAR_SUFFIXES = (".parquet", ".arrow")
+
+
+def _open_bytes(path: Path):
+    """The file's bytes, decompressed by its suffix (.gz, .zst); an unreadable stream is the file's error."""
+    kind = COMPRESSIONS.get(path.suffix.lower())
+    try:
+        if kind == "gzip":
+            import gzip
+
+            with gzip.open(path, "rb") as fh:
+                return fh.read()
+        if kind == "zstd":
+            import zstandard
+
+            with open(path, "rb") as fh, zstandard.ZstdDecompressor().stream_reader(fh) as reader:
+                return reader.read()
+        return path.read_bytes()
+    except Exception as exc:  # gzip.BadGzipFile, zstandard.ZstdError, EOFError, ...
+        raise PromptFileError(f"{path}: cannot be read as {kind} data: {type(exc).__name__}: {exc}") from None
+
+
+def _iter_jsonl_bytes(data: bytes, where):
+    """(where, parsed object or None, error text) for each non-blank line of JSONL bytes."""
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield where(number), None, f"not valid UTF-8: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}"
+            continue
+        try:
+            yield where(number), json.loads(text), None
+        except json.JSONDecodeError as exc:
+            yield where(number), None, f"malformed JSON: {exc.msg} at column {exc.colno}"
+
+
+def _iter_json_array(path: Path, data: bytes):
+    """Each element of a JSON array (pretty-printed or not), named by the line it starts on.
+
+    A JSON array cannot be read past a broken element, so a malformed or truncated array fails the
+    whole file, naming where reading stopped."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise PromptFileError(
+            f"{path}: not valid UTF-8 at line {line} (byte 0x{data[exc.start]:02x}); the JSON array cannot be read"
+        ) from None
+    decoder = json.JSONDecoder()
+    ws = re.compile(r"\s*")
+    pos = ws.match(text, 0).end() + 1  # past "["
+    line, counted, n = 1, 0, 0
+    while True:
+        pos = ws.match(text, pos).end()
+        if pos < len(text) and text[pos] == "]" and n == 0:
+            pos += 1
+            break
+        try:
+            obj, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise PromptFileError(
+                f"{path}: the JSON array breaks off at line {exc.lineno} column {exc.colno} ({exc.msg}) after {n} "
+                "complete elements; nothing of the file was used"
+            ) from None
+        line += text.count("\n", counted, pos)
+        counted = pos
+        n += 1
+        yield f"{path}:{line}", obj, None
+        pos = ws.match(text, end).end()
+        if pos < len(text) and text[pos] == ",":
+            pos += 1
+            continue
+        if pos < len(text) and text[pos] == "]":
+            pos += 1
+            break
+        lineno = text.count("\n", 0, pos) + 1
+        raise PromptFileError(
+            f"{path}: the JSON array breaks off at line {lineno} (expected ',' or ']') after {n} complete elements; "
+            "nothing of the file was used"
+        )
+    rest = ws.match(text, pos).end()
+    if rest < len(text):
+        raise PromptFileError(
+            f"{path}: text after the JSON array at line {text.count(chr(10), 0, rest) + 1}: {text[rest : rest + 20]!r}; "
+            "is it several arrays, or JSON lines?"
+        )
+
+
+def _iter_json_file(path: Path):
+    """JSONL, or one JSON array (what ShareGPT-style files are), whatever the suffix says."""
+    data = _open_bytes(path)
+    first = data.lstrip()[:1]
+    if first == b"[":
+        yield from _iter_json_array(path, data)
+    elif first in (b"{", b""):
+        yield from _iter_jsonl_bytes(data, lambda number: f"{path}:{number}")
+    else:
+        raise PromptFileError(
+            f"{path}: neither JSON lines nor a JSON array: it starts with {data.lstrip()[:20]!r} (expected '{{' or '[')"
+        )
+
+
+def _decode_json_columns(record: dict):
+    """Conversation columns stored as JSON text, parsed; an error names the field."""
+    for key, value in record.items():
+        if isinstance(value, str) and key in ("messages", "conversations", "tools") and value[:1] in ("[", "{"):
             try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                yield number, None, f"not valid UTF-8: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}"
-                continue
-            try:
-                yield number, json.loads(text), None
+                record[key] = json.loads(value)
             except json.JSONDecodeError as exc:
-                yield number, None, f"malformed JSON: {exc.msg} at column {exc.colno}"
+                return f"field '{key}': malformed JSON: {exc.msg}"
+    return None
 
 
-def _iter_parquet(path: Path):
+def _iter_table(path: Path, table):
+    for number, record in enumerate(table.to_pylist(), start=1):
+        error = _decode_json_columns(record)
+        yield f"{path}:row {number}", None if error else record, error
+
+
+def _read_columnar(path: Path):
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    for number, record in enumerate(pq.read_table(path).to_pylist(), start=1):
-        for key in ("messages", "conversations", "tools"):
-            if isinstance(record.get(key), str):  # JSON stored as text
-                try:
-                    record[key] = json.loads(record[key])
-                except json.JSONDecodeError as exc:
-                    yield number, None, f"field '{key}': malformed JSON: {exc.msg}"
-                    break
-        else:
-            yield number, record, None
+    try:
+        if path.suffix == ".parquet":
+            return pq.read_table(path)
+        with pa.memory_map(str(path)) as source:  # `datasets` writes Arrow IPC streams
+            try:
+                return pa.ipc.open_stream(source).read_all()
+            except pa.ArrowInvalid:
+                return pa.ipc.open_file(source).read_all()
+    except Exception as exc:
+        raise PromptFileError(f"{path}: cannot be read as {path.suffix[1:]}: {type(exc).__name__}: {exc}") from None
+
+
+def _prompt_files(folder: Path) -> list[Path]:
+    """The data files of a folder: a `datasets` save_to_disk folder (state.json names them), or
+    every supported file in it, in name order."""
+    state = folder / "state.json"
+    if state.is_file():
+        files = [folder / f["filename"] for f in json.loads(state.read_text()).get("_data_files", [])]
+        if files:
+            return files
+    files = sorted(p for p in folder.iterdir() if p.is_file() and _kind(p) is not None)
+    if not files:
+        raise PromptFileError(
+            f"{folder}: a folder with no prompt files (JSONL, JSON, Parquet, Arrow, optionally .gz/.zst)"
+        )
+    return files
+
+
+def _kind(path: Path) -> str | None:
+    name = path.name.lower()
+    for suffix in COMPRESSIONS:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    if name.endswith(JSON_SUFFIXES):
+        return "json"
+    if name.endswith(COLUMNAR_SUFFIXES) and not COMPRESSIONS.get(path.suffix.lower()):
+        return "columnar"
+    return None
+
+
+def iter_records(path: Path):
+    """(where, parsed object or None, error text) for every row of a prompt file or folder.
+
+    `where` names the file and the line (JSONL, JSON arrays) or the row (Parquet, Arrow)."""
+    if path.is_dir():
+        for file in _prompt_files(path):
+            yield from iter_records(file)
+        return
+    kind = _kind(path)
+    if kind == "json":
+        yield from _iter_json_file(path)
+    elif kind == "columnar":
+        yield from _iter_table(path, _read_columnar(path))
+    else:
+        raise PromptFileError(
+            f"{path}: unknown prompt file type; use .jsonl, .json (lines or one array), .parquet, .arrow, "
+            "optionally compressed (.gz, .zst), or a folder of them (a `datasets` save_to_disk folder too)"
+        )
 
 
 def read_prompts(path: str | Path) -> list[PromptRow]:
@@ -191,21 +351,19 @@ def read_prompts(path: str | Path) -> list[PromptRow]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"prompts file {path} does not exist")
-    rows_iter = _iter_parquet(path) if path.suffix == ".parquet" else _iter_jsonl(path)
     rows: list[PromptRow] = []
     first_seen: dict[str, str] = {}
-    for number, obj, error in rows_iter:
-        source = f"{path}:{number}"
+    for source, obj, error in iter_records(path):
+        file, _, position = source.rpartition(":")  # "f.jsonl:12" or "f.parquet:row 12"
+        fallback_id = f"{Path(file).name.split('.')[0]}-{position.replace('row ', 'row-') if 'row' in position else 'line-' + position}"
         if error is not None:
-            rows.append(PromptRow(id=f"{path.stem}-line-{number}", source=source, reason=f"{source}: {error}"))
+            rows.append(PromptRow(id=fallback_id, source=source, reason=f"{source}: {error}"))
             continue
         try:
             row = normalize_row(obj, source=source)
         except RowError as exc:
             raw_id = obj.get("id") if isinstance(obj, dict) else None
-            row_id = (
-                str(raw_id) if isinstance(raw_id, (str, int)) and str(raw_id).strip() else f"{path.stem}-line-{number}"
-            )
+            row_id = str(raw_id) if isinstance(raw_id, (str, int)) and str(raw_id).strip() else fallback_id
             rows.append(PromptRow(id=row_id, source=source, reason=f"{source}: {exc}"))
             continue
         if row.id in first_seen:
@@ -214,5 +372,5 @@ def read_prompts(path: str | Path) -> list[PromptRow]:
             first_seen[row.id] = source
         rows.append(row)
     if not rows:
-        raise ValueError(f"prompts file {path} is empty: it holds no rows")
+        raise PromptFileError(f"prompts file {path} is empty: it holds no rows")
     return rows

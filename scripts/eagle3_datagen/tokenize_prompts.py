@@ -7,6 +7,7 @@ generation never load the tokenizer.
 
 import json
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ def tokenize_prompts(
     samples_per_prompt: int,
     seed: int,
     on_bad_rows: str,
+    allow_empty: bool = False,
 ) -> None:
     """Tokenize one category's prompt file `source` into the prompts table `prompts`."""
     profile = ModelProfile.from_config(model)
@@ -50,6 +52,12 @@ def tokenize_prompts(
         base_seed=seed,
     )
     skipped = [r["reason"] for r in table if r["status"] == "skipped" and r["sample_index"] == 0]
+    if skipped and len(skipped) == len(rows) and not allow_empty:
+        raise BadRows(
+            f"{source}: none of its {len(rows)} rows can be used (set allow_empty_categories: true to let a "
+            f"category end empty). Rows per reason:\n  "
+            + "\n  ".join(f"{n} x {why}" for why, n in reason_counts(skipped))
+        )
     if skipped and on_bad_rows == "fail":
         listing = "\n  ".join(skipped[:50]) + (f"\n  ... and {len(skipped) - 50} more" if len(skipped) > 50 else "")
         raise BadRows(
@@ -61,6 +69,7 @@ def tokenize_prompts(
         "samples_per_prompt": samples_per_prompt,
         "seed": seed,
         "on_bad_rows": on_bad_rows,
+        "allow_empty": allow_empty,
     }
     provenance = {
         "prompts_file": str(source),
@@ -74,6 +83,14 @@ def tokenize_prompts(
 def row_seed(base_seed: int, row_id: str, sample_index: int) -> int:
     """A stable per-request seed: the same row and sample always draw the same seed."""
     return int(stable_hash([base_seed, row_id, sample_index])[:15], 16) % (2**31 - 1)
+
+
+def reason_counts(reasons: list[str]) -> list[tuple[str, int]]:
+    """Skip reasons without their file and line ("f.jsonl:12: field 'id': ..."), most common first."""
+    from collections import Counter
+
+    kinds = Counter(re.sub(r"^\S+?:(row )?\d+: ", "", reason)[:120] for reason in reasons)
+    return kinds.most_common(10)
 
 
 def build_prompt_rows(

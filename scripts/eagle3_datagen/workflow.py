@@ -79,6 +79,7 @@ PARAMS = {
     "samples_per_prompt": _samples_per_prompt,
     "seed": lambda config, category: int(config["seed"]),
     "on_bad_rows": lambda config, category: config["on_bad_rows"],
+    "allow_empty": lambda config, category: bool(config["allow_empty_categories"]),
     "sampling": sampling_for,
     "engine": lambda config, category: config["engine"],
     "client": lambda config, category: config["client"],
