@@ -35,5 +35,6 @@ rule tokenize_prompts:
         seed=get_param("seed"),
         on_bad_rows=get_param("on_bad_rows"),
         allow_empty=get_param("allow_empty"),
+        reading=get_param("reading"),
     script:
         "../scripts/tokenize_prompts.py"

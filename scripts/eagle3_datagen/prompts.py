@@ -20,11 +20,45 @@ SHAREGPT_ROLES = {
     "gpt": "assistant",
     "assistant": "assistant",
     "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
     "model": "assistant",
     "tool": "tool",
     "function": "tool",
     "observation": "tool",
 }
+
+
+# The standard speakers of ShareGPT; any other known one (chatgpt, bing, bard, model, ...) is mapped
+# and counted as `speakers_mapped`.
+SHAREGPT_STANDARD = {"system", "human", "gpt", "tool"}
+
+
+@dataclass
+class ReadOptions:
+    """How to read one category's prompt file (per-category columns of the sheet)."""
+
+    messages_field: str | None = None  # the field holding the conversation (default: messages, else conversations)
+    id_field: str = "id"
+    system_prompt: str | None = None  # added where a conversation has no system message
+    max_rows: int | None = None
+    sample_fraction: float | None = None
+    seed: int = 0
+
+    @classmethod
+    def from_category(cls, category: dict, seed: int) -> "ReadOptions":
+        def cell(key):
+            value = category.get(key)
+            return None if value is None or value != value or value == "" else value
+
+        return cls(
+            messages_field=cell("messages_field"),
+            id_field=cell("id_field") or "id",
+            system_prompt=cell("system_prompt"),
+            max_rows=int(cell("max_rows")) if cell("max_rows") is not None else None,
+            sample_fraction=float(cell("sample_fraction")) if cell("sample_fraction") is not None else None,
+            seed=seed,
+        )
 
 
 @dataclass
@@ -37,6 +71,8 @@ class PromptRow:
     tools: list | None = None
     dropped_assistant: bool = False
     reason: str | None = None
+    # What normalization changed, counted per category in the summary (ShareGPT's quirks).
+    fixes: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -113,11 +149,12 @@ def _normalize_message(raw, index: int, sharegpt: bool) -> dict:
     return message
 
 
-def normalize_row(obj, *, source: str) -> PromptRow:
+def normalize_row(obj, *, source: str, options: ReadOptions | None = None) -> PromptRow:
     """Normalize one parsed input object. Raises RowError for an unusable row (id still derived)."""
+    options = options or ReadOptions()
     if not isinstance(obj, dict):
         raise RowError("<row>", f"expected a JSON object, got {type(obj).__name__}")
-    raw_id = obj.get("id")
+    raw_id = obj.get(options.id_field)
     if raw_id is None:
         row_id = "sha256-" + stable_hash(obj)[:16]
     elif (
@@ -128,18 +165,34 @@ def normalize_row(obj, *, source: str) -> PromptRow:
     ):
         row_id = str(raw_id)
     else:
-        raise RowError("id", f"expected a non-empty single-line string or integer, got {raw_id!r}")
+        raise RowError(options.id_field, f"expected a non-empty single-line string or integer, got {raw_id!r}")
     row = PromptRow(id=row_id, source=source)
-    sharegpt = "messages" not in obj and "conversations" in obj
-    key = "conversations" if sharegpt else "messages"
-    raw_messages = obj.get(key)
+    if options.messages_field:
+        key = options.messages_field
+        raw_messages = obj.get(key)
+        sharegpt = (
+            isinstance(raw_messages, list)
+            and bool(raw_messages)
+            and isinstance(raw_messages[0], dict)
+            and "from" in raw_messages[0]
+        )
+    else:
+        sharegpt = "messages" not in obj and "conversations" in obj
+        key = "conversations" if sharegpt else "messages"
+        raw_messages = obj.get(key)
     if raw_messages is None:
-        raise RowError("messages", "missing (expected 'messages' or ShareGPT 'conversations')")
+        expected = repr(options.messages_field) if options.messages_field else "'messages' or ShareGPT 'conversations'"
+        raise RowError(key, f"missing (expected {expected})")
     if not isinstance(raw_messages, list):
         raise RowError(key, f"expected a list, got {type(raw_messages).__name__}")
     if not raw_messages:
         raise RowError(key, "empty conversation")
     messages = [_normalize_message(m, i, sharegpt) for i, m in enumerate(raw_messages)]
+    if sharegpt:
+        messages = _sharegpt_fixes(raw_messages, messages, row.fixes)
+    if options.system_prompt and messages and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": options.system_prompt})
+        row.fixes["system_prompt_added"] = 1
     tools = obj.get("tools")
     if tools is not None:
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
@@ -181,6 +234,41 @@ def _open_bytes(path: Path):
         return path.read_bytes()
     except Exception as exc:  # gzip.BadGzipFile, zstandard.ZstdError, EOFError, ...
         raise PromptFileError(f"{path}: cannot be read as {kind} data: {type(exc).__name__}: {exc}") from None
+
+
+def _sharegpt_fixes(raw: list, messages: list[dict], fixes: dict) -> list[dict]:
+    """ShareGPT's quirks, each by one stated rule and counted:
+
+    - speakers other than human/gpt/system/tool that are known (chatgpt, bing, bard, model, ...) are
+      mapped to their role (`speakers_mapped`, per turn);
+    - assistant turns before the first user turn are dropped, as SpecForge does: there is nothing
+      they answer (`leading_assistant_dropped`, per turn);
+    - consecutive turns of one speaker (user, or assistant without tool calls) become one message,
+      their texts joined by a blank line (`same_speaker_merged`, per turn merged away).
+    """
+    mapped = sum(1 for m in raw if isinstance(m, dict) and m.get("from") not in SHAREGPT_STANDARD)
+    if mapped:
+        fixes["speakers_mapped"] = mapped
+    start = 1 if messages and messages[0]["role"] == "system" else 0
+    lead = 0
+    while start + lead < len(messages) and messages[start + lead]["role"] == "assistant":
+        lead += 1
+    if lead:
+        fixes["leading_assistant_dropped"] = lead
+        messages = messages[:start] + messages[start + lead :]
+    out: list[dict] = []
+    merged = 0
+    for m in messages:
+        prev = out[-1] if out else None
+        plain = m["role"] in ("user", "assistant") and not m.get("tool_calls")
+        if prev is not None and plain and prev["role"] == m["role"] and not prev.get("tool_calls"):
+            out[-1] = dict(prev, content=f"{prev['content']}\n\n{m['content']}")
+            merged += 1
+        else:
+            out.append(m)
+    if merged:
+        fixes["same_speaker_merged"] = merged
+    return out
 
 
 def _iter_jsonl_bytes(data: bytes, where):
@@ -346,23 +434,45 @@ def iter_records(path: Path):
         )
 
 
-def read_prompts(path: str | Path) -> list[PromptRow]:
-    """Every row of a prompt file, in file order; unusable rows carry a reason naming file, line, field."""
+def _sampled(position: int, options: ReadOptions) -> str | None:
+    """Why a row is left out by max_rows or sample_fraction (a seeded, stable draw per row), or None."""
+    if options.sample_fraction is not None:
+        draw = int(stable_hash([options.seed, position])[:12], 16) / 16**12
+        if draw >= options.sample_fraction:
+            return f"not in the sample (sample_fraction {options.sample_fraction}, seed {options.seed})"
+    return None
+
+
+def read_prompts(path: str | Path, options: ReadOptions | None = None) -> list[PromptRow]:
+    """Every row of a prompt file, in file order; unusable rows carry a reason naming file, line, field.
+
+    Rows left out by `sample_fraction` or past `max_rows` are skipped rows too, with that reason."""
+    options = options or ReadOptions()
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"prompts file {path} does not exist")
     rows: list[PromptRow] = []
     first_seen: dict[str, str] = {}
-    for source, obj, error in iter_records(path):
+    taken = 0
+    for position_index, (source, obj, error) in enumerate(iter_records(path)):
         file, _, position = source.rpartition(":")  # "f.jsonl:12" or "f.parquet:row 12"
         fallback_id = f"{Path(file).name.split('.')[0]}-{position.replace('row ', 'row-') if 'row' in position else 'line-' + position}"
+        left_out = _sampled(position_index, options)
+        if left_out is None and options.max_rows is not None and taken >= options.max_rows:
+            left_out = f"past max_rows {options.max_rows}"
+        if left_out is not None:
+            raw_id = obj.get(options.id_field) if isinstance(obj, dict) else None
+            row_id = str(raw_id) if isinstance(raw_id, (str, int)) and str(raw_id).strip() else fallback_id
+            rows.append(PromptRow(id=row_id, source=source, reason=f"{source}: {left_out}"))
+            continue
+        taken += 1
         if error is not None:
             rows.append(PromptRow(id=fallback_id, source=source, reason=f"{source}: {error}"))
             continue
         try:
-            row = normalize_row(obj, source=source)
+            row = normalize_row(obj, source=source, options=options)
         except RowError as exc:
-            raw_id = obj.get("id") if isinstance(obj, dict) else None
+            raw_id = obj.get(options.id_field) if isinstance(obj, dict) else None
             row_id = str(raw_id) if isinstance(raw_id, (str, int)) and str(raw_id).strip() else fallback_id
             rows.append(PromptRow(id=row_id, source=source, reason=f"{source}: {exc}"))
             continue

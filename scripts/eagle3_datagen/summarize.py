@@ -10,14 +10,18 @@ from pathlib import Path
 import pandas as pd
 
 from .figures import plot_lengths
-from .tables import read_rows
+from .tables import read_provenance, read_rows
 
 log = logging.getLogger(__name__)
 
 STATUSES = ("ok", "skipped", "failed", "filtered")
+# What reading the prompt files changed (prompts._sharegpt_fixes, ReadOptions.system_prompt), per category.
+NORMALIZATION = ("speakers_mapped", "leading_assistant_dropped", "same_speaker_merged", "system_prompt_added")
 
 
-def category_summary(category: str, generations: list[dict], rejected: list[dict]) -> dict:
+def category_summary(
+    category: str, generations: list[dict], rejected: list[dict], normalization: dict | None = None
+) -> dict:
     counts = {s: 0 for s in STATUSES}
     for r in rejected:
         counts[r["status"]] += 1
@@ -35,13 +39,14 @@ def category_summary(category: str, generations: list[dict], rejected: list[dict
         "output_tokens": sum(len(g["output_ids"]) for g in exported),
         "mean_output_tokens": round(sum(len(g["output_ids"]) for g in ok_rows) / len(ok_rows), 1) if ok_rows else 0.0,
         "truncated_share": round(truncated / len(ok_rows), 4) if ok_rows else 0.0,
+        **{kind: int((normalization or {}).get(kind, 0)) for kind in NORMALIZATION},
     }
 
 
 def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     total = {"category": "total"}
-    for col in ("rows", *STATUSES, "prompt_tokens", "output_tokens"):
+    for col in ("rows", *STATUSES, "prompt_tokens", "output_tokens", *NORMALIZATION):
         total[col] = int(frame[col].sum())
     ok_total = int(frame["ok"].sum()) + int(frame["filtered"].sum())
     total["mean_output_tokens"] = (
@@ -72,7 +77,8 @@ def summarize(
     rows, lengths = [], {}
     for category, gen_path, rej_path in zip(categories, generations, rejected):
         gens = read_rows(gen_path)
-        rows.append(category_summary(category, gens, read_jsonl(rej_path)))
+        normalization = read_provenance(gen_path).get("prompts", {}).get("normalization", {})
+        rows.append(category_summary(category, gens, read_jsonl(rej_path), normalization))
         ok = [g for g in gens if g["status"] == "ok"]
         lengths[category] = ([len(g["prompt_ids"]) for g in ok], [len(g["output_ids"]) for g in ok])
     frame = write_summary(rows, summary)

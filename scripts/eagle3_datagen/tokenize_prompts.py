@@ -11,7 +11,7 @@ import re
 import time
 from pathlib import Path
 
-from .prompts import PromptRow, read_prompts
+from .prompts import PromptRow, ReadOptions, read_prompts
 from .settings import Budget, ModelProfile, stable_hash
 from .tables import PROMPTS_SCHEMA, write_table
 from .templating import CONTROL_TOKEN_POLICY, ChatTokenizer, load_tokenizer, output_budget, token_facts
@@ -34,11 +34,12 @@ def tokenize_prompts(
     seed: int,
     on_bad_rows: str,
     allow_empty: bool = False,
+    reading: dict | None = None,
 ) -> None:
     """Tokenize one category's prompt file `source` into the prompts table `prompts`."""
     profile = ModelProfile.from_config(model)
     tokenizer = load_tokenizer(profile)
-    rows = read_prompts(source)
+    rows = read_prompts(source, ReadOptions(**(reading or {})))
     for row in rows:
         if not row.ok:
             log.warning("skipped: %s", row.reason)
@@ -70,11 +71,13 @@ def tokenize_prompts(
         "seed": seed,
         "on_bad_rows": on_bad_rows,
         "allow_empty": allow_empty,
+        "reading": reading,
     }
     provenance = {
         "prompts_file": str(source),
         **token_facts(tokenizer, profile),
         "control_token_policy": CONTROL_TOKEN_POLICY,
+        "normalization": normalization_counts(rows),
         "params": params,
     }
     write_table(table, PROMPTS_SCHEMA, prompts, provenance)
@@ -83,6 +86,16 @@ def tokenize_prompts(
 def row_seed(base_seed: int, row_id: str, sample_index: int) -> int:
     """A stable per-request seed: the same row and sample always draw the same seed."""
     return int(stable_hash([base_seed, row_id, sample_index])[:15], 16) % (2**31 - 1)
+
+
+def normalization_counts(rows: list[PromptRow]) -> dict:
+    """What normalization changed in the category's usable rows, per kind (prompts.PromptRow.fixes)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        if row.ok:
+            for kind, n in row.fixes.items():
+                counts[kind] = counts.get(kind, 0) + n
+    return counts
 
 
 def reason_counts(reasons: list[str]) -> list[tuple[str, int]]:

@@ -64,6 +64,15 @@ def _budget(config: dict, category: dict) -> dict:
     }
 
 
+def _reading(config: dict, category: dict) -> dict:
+    """How to read the category's prompt file (prompts.ReadOptions), from its row of the sheet."""
+    from dataclasses import asdict
+
+    from .prompts import ReadOptions
+
+    return asdict(ReadOptions.from_category(category, int(config["seed"])))
+
+
 def _samples_per_prompt(config: dict, category: dict) -> int:
     value = category.get("samples_per_prompt")
     return int(value) if value is not None and value == value else int(config["samples_per_prompt"])
@@ -80,6 +89,7 @@ PARAMS = {
     "seed": lambda config, category: int(config["seed"]),
     "on_bad_rows": lambda config, category: config["on_bad_rows"],
     "allow_empty": lambda config, category: bool(config["allow_empty_categories"]),
+    "reading": _reading,
     "sampling": sampling_for,
     "engine": lambda config, category: config["engine"],
     "client": lambda config, category: config["client"],

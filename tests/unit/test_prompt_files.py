@@ -144,3 +144,47 @@ def test_a_category_with_no_usable_row_fails_with_the_counts_per_reason(tmp_path
     assert "2 x field 'messages': missing" in str(err.value) and "1 x field 'conversations[0].from'" in str(err.value)
     run(True)  # allowed: the table holds the three skipped rows
     assert (tmp_path / "out.parquet").exists()
+
+
+def test_sharegpt_quirks_follow_one_stated_rule_each_and_are_counted(tmp_path):
+    row = {
+        "id": "quirky",
+        "conversations": [
+            {"from": "gpt", "value": "Hello! How can I help?"},  # leading assistant turn
+            {"from": "human", "value": "First part."},
+            {"from": "human", "value": "Second part."},  # same speaker twice
+            {"from": "bing", "value": "An answer."},  # a known non-standard speaker
+            {"from": "human", "value": "Thanks, and?"},
+            {"from": "chatgpt", "value": "The regenerated turn."},
+        ],
+    }
+    path = tmp_path / "q.json"
+    path.write_text(json.dumps([row]))
+    [r] = read_prompts(path)
+    assert [(m["role"], m["content"]) for m in r.messages] == [
+        ("user", "First part.\n\nSecond part."),
+        ("assistant", "An answer."),
+        ("user", "Thanks, and?"),
+    ]
+    assert r.fixes == {"speakers_mapped": 2, "leading_assistant_dropped": 1, "same_speaker_merged": 1}
+
+
+def test_per_category_options_field_id_system_prompt_and_sampling(tmp_path):
+    from eagle3_datagen.prompts import ReadOptions
+
+    rows = [{"uid": f"u{i}", "chat": [{"role": "user", "content": f"q{i}"}]} for i in range(200)]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    options = ReadOptions(
+        messages_field="chat", id_field="uid", system_prompt="Be kind.", max_rows=30, sample_fraction=0.5, seed=3
+    )
+    read = read_prompts(path, options)
+    used = [r for r in read if r.ok]
+    assert len(read) == 200 and len(used) == 30  # every row is accounted for
+    assert all(r.messages[0] == {"role": "system", "content": "Be kind."} for r in used)
+    assert all(r.id.startswith("u") for r in read)
+    reasons = {r.reason.split(": ", 1)[1].split(" (")[0] for r in read if not r.ok}
+    assert reasons == {"not in the sample", "past max_rows 30"}
+    assert [r.id for r in read_prompts(path, options) if r.ok] == [r.id for r in used]  # seeded: the same sample
+    other = [r.id for r in read_prompts(path, ReadOptions(**{**options.__dict__, "seed": 4})) if r.ok]
+    assert other != [r.id for r in used]
