@@ -44,6 +44,7 @@ class ReadOptions:
     max_rows: int | None = None
     sample_fraction: float | None = None
     seed: int = 0
+    dedup: bool = False  # the same normalized conversation (and tools) is used once
 
     @classmethod
     def from_category(cls, category: dict, seed: int) -> "ReadOptions":
@@ -58,6 +59,7 @@ class ReadOptions:
             max_rows=int(cell("max_rows")) if cell("max_rows") is not None else None,
             sample_fraction=float(cell("sample_fraction")) if cell("sample_fraction") is not None else None,
             seed=seed,
+            dedup=str(cell("dedup")).lower() in ("true", "1", "yes") if cell("dedup") is not None else False,
         )
 
 
@@ -453,6 +455,7 @@ def read_prompts(path: str | Path, options: ReadOptions | None = None) -> list[P
         raise FileNotFoundError(f"prompts file {path} does not exist")
     rows: list[PromptRow] = []
     first_seen: dict[str, str] = {}
+    first_content: dict[str, str] = {}
     taken = 0
     for position_index, (source, obj, error) in enumerate(iter_records(path)):
         file, _, position = source.rpartition(":")  # "f.jsonl:12" or "f.parquet:row 12"
@@ -480,6 +483,12 @@ def read_prompts(path: str | Path, options: ReadOptions | None = None) -> list[P
             row.reason = f"{source}: field 'id': duplicate id {row.id!r} (first seen at {first_seen[row.id]})"
         else:
             first_seen[row.id] = source
+            if options.dedup:
+                content = stable_hash([row.messages, row.tools])
+                if content in first_content:
+                    row.reason = f"{source}: the same conversation as {first_content[content]!r} (dedup)"
+                else:
+                    first_content[content] = row.id
         rows.append(row)
     if not rows:
         raise PromptFileError(f"prompts file {path} is empty: it holds no rows")

@@ -188,3 +188,21 @@ def test_per_category_options_field_id_system_prompt_and_sampling(tmp_path):
     assert [r.id for r in read_prompts(path, options) if r.ok] == [r.id for r in used]  # seeded: the same sample
     other = [r.id for r in read_prompts(path, ReadOptions(**{**options.__dict__, "seed": 4})) if r.ok]
     assert other != [r.id for r in used]
+
+
+def test_dedup_sends_a_repeated_conversation_once_and_names_what_it_repeats(tmp_path):
+    from eagle3_datagen.prompts import ReadOptions
+
+    same = [{"role": "user", "content": "Same question"}]
+    rows = [
+        {"id": "a", "messages": same},
+        {"id": "b", "messages": [{"role": "user", "content": "Other"}]},
+        {"id": "c", "messages": same},
+    ]
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert all(r.ok for r in read_prompts(path))  # off by default
+    read = read_prompts(path, ReadOptions(dedup=True))
+    assert [r.ok for r in read] == [True, True, False] and read[2].reason.endswith(
+        "the same conversation as 'a' (dedup)"
+    )
