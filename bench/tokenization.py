@@ -56,28 +56,19 @@ def fixture_path(name: str, build) -> Path:
 def profiles() -> dict:
     kimi, qwen = fixture_path("kimi_tokenizer", fixtures.build_kimi_shaped_tokenizer), fixtures.qwen3_tokenizer_dir()
     tiktoken_dir = fixture_path("kimi_tiktoken", fixtures.build_kimi_tiktoken_tokenizer)
+    kimi_like = dict(
+        context_length=131072,
+        chat_template_kwargs={"thinking": True},
+        prompt_suffix=("<think>",),
+        reasoning_end="</think>",
+        stop_tokens=("<|im_end|>",),
+        prompt_only_tokens=("<think>",),
+    )
     return {
         "tiktoken": ModelProfile(
-            name="kimi-tiktoken",
-            tokenizer=str(tiktoken_dir),
-            trust_remote_code=True,
-            context_length=131072,
-            chat_template_kwargs={"thinking": True},
-            prompt_suffix=("<think>",),
-            reasoning_end="</think>",
-            stop_tokens=("<|im_end|>",),
-            prompt_only_tokens=("<think>",),
+            name="kimi-tiktoken", tokenizer=str(tiktoken_dir), trust_remote_code=True, **kimi_like
         ),
-        "kimi": ModelProfile(
-            name="kimi",
-            tokenizer=str(kimi),
-            context_length=131072,
-            chat_template_kwargs={"thinking": True},
-            prompt_suffix=("<think>",),
-            reasoning_end="</think>",
-            stop_tokens=("<|im_end|>",),
-            prompt_only_tokens=("<think>",),
-        ),
+        "kimi": ModelProfile(name="kimi", tokenizer=str(kimi), **kimi_like),
         "qwen3": ModelProfile(
             name="qwen3",
             tokenizer=str(qwen),
