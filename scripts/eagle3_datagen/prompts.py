@@ -445,6 +445,12 @@ def _sampled(position: int, options: ReadOptions) -> str | None:
     return None
 
 
+def _given_id(obj, options: ReadOptions, fallback: str) -> str:
+    """The id a row that is not used goes by in its record: its own, if it has a usable one."""
+    raw_id = obj.get(options.id_field) if isinstance(obj, dict) else None
+    return str(raw_id) if isinstance(raw_id, (str, int)) and str(raw_id).strip() else fallback
+
+
 def read_prompts(path: str | Path, options: ReadOptions | None = None) -> list[PromptRow]:
     """Every row of a prompt file, in file order; unusable rows carry a reason naming file, line, field.
 
@@ -464,9 +470,9 @@ def read_prompts(path: str | Path, options: ReadOptions | None = None) -> list[P
         if left_out is None and options.max_rows is not None and taken >= options.max_rows:
             left_out = f"past max_rows {options.max_rows}"
         if left_out is not None:
-            raw_id = obj.get(options.id_field) if isinstance(obj, dict) else None
-            row_id = str(raw_id) if isinstance(raw_id, (str, int)) and str(raw_id).strip() else fallback_id
-            rows.append(PromptRow(id=row_id, source=source, reason=f"{source}: {left_out}"))
+            rows.append(
+                PromptRow(id=_given_id(obj, options, fallback_id), source=source, reason=f"{source}: {left_out}")
+            )
             continue
         taken += 1
         if error is not None:
@@ -475,9 +481,7 @@ def read_prompts(path: str | Path, options: ReadOptions | None = None) -> list[P
         try:
             row = normalize_row(obj, source=source, options=options)
         except RowError as exc:
-            raw_id = obj.get(options.id_field) if isinstance(obj, dict) else None
-            row_id = str(raw_id) if isinstance(raw_id, (str, int)) and str(raw_id).strip() else fallback_id
-            rows.append(PromptRow(id=row_id, source=source, reason=f"{source}: {exc}"))
+            rows.append(PromptRow(id=_given_id(obj, options, fallback_id), source=source, reason=f"{source}: {exc}"))
             continue
         if row.id in first_seen:
             row.reason = f"{source}: field 'id': duplicate id {row.id!r} (first seen at {first_seen[row.id]})"
