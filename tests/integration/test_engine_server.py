@@ -589,3 +589,37 @@ def test_without_deterministic_inference_the_seed_has_no_effect(tok, tiny_model)
     assert a == b != c
     (a, b, c), flag = serve(ModelBackend(tiny_model, max_batch=4), fn)
     assert not (a == b == c) and flag is False  # sampled afresh every time, whatever the seed
+
+
+def test_scripted_long_answers_follow_the_token_wise_rules(tok):
+    """`answer_tokens` answers are made whole; a stop string that never matches forces the token-wise
+    path, and the two give the same ids and finish reasons (stops by the model's and the request's
+    ids, budget cuts, rambles)."""
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+
+    async def fn(client):
+        async def gen(text, sp):
+            r = await client.post("/generate", json={"input_ids": prompt(tok, text), "sampling_params": sp})
+            assert r.status == 200
+            return await r.json()
+
+        finishes = set()
+        for i in range(24):
+            sp = {"max_new_tokens": 60 + 20 * i, "sampling_seed": i}
+            if i % 5 == 4:
+                sp["stop_token_ids"] = [(await gen(f"q{i}", sp))["output_ids"][30]]
+            whole = await gen(f"q{i}", sp)
+            wise = await gen(f"q{i}", {**sp, "stop": "never-in-these-words"})
+            assert whole["output_ids"] == wise["output_ids"]
+            assert whole["meta_info"]["finish_reason"] == wise["meta_info"]["finish_reason"]
+            finish = whole["meta_info"]["finish_reason"]
+            finishes.add((finish["type"], finish.get("matched") == im_end))
+            if finish["type"] == "stop":
+                assert whole["output_ids"][-1] == finish["matched"]
+                if finish["matched"] == im_end:  # a natural end: reasoning of 100 to 300 tokens
+                    assert 100 <= len(whole["output_ids"]) <= 300 + 40
+            else:
+                assert len(whole["output_ids"]) == sp["max_new_tokens"]
+        assert finishes >= {("stop", True), ("stop", False), ("length", False)}
+
+    serve(scripted(answer_tokens=(100, 300)), fn)

@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-rids", help="regex: matching rids always get HTTP 500")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault RNG")
     p.add_argument("--max-batch", type=int, default=16, help="rows decoded together (model)")
+    p.add_argument(
+        "--answer-tokens", type=_range, help="scripted: long answers, LO:HI reasoning tokens per request (uniform)"
+    )
     p.add_argument("--token-delay-ms", type=float, default=0.0, help="pace of the scripted backend per token")
     p.add_argument("--fail-startup", action="store_true", help="tests: exit with code 3 during start-up")
     p.add_argument("--never-healthy", action="store_true", help="tests: /health never answers 200")
@@ -92,6 +95,7 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
             max_batch=args.max_batch,
             trust_remote_code=args.trust_remote_code,
             deterministic=args.enable_deterministic_inference,
+            answer_tokens=tuple(int(x) for x in args.answer_tokens) if args.answer_tokens else None,
         )
     faults = Faults(
         latency_ms=args.latency_ms,

@@ -208,6 +208,11 @@ class ScriptedBackend(Backend):
     - `ramble`: reasoning words without end, running to `max_new_tokens` (finish length).
     Stopping, `min_new_tokens`, `ignore_eos`, `stop_token_ids` and stop strings follow the same
     rules as the model backend. Every special id is read from the tokenizer.
+
+    `answer_tokens=(lo, hi)` makes answers long, as a thinking model's are: the reasoning runs to a
+    length drawn uniformly from [lo, hi] tokens per request (scale benchmarks). Such answers are
+    made whole rather than token by token where no stop string or min_new_tokens asks for the
+    token-wise rules, so that a CPU serves hundreds of millions of tokens.
     """
 
     name = "scripted"
@@ -229,9 +234,11 @@ class ScriptedBackend(Backend):
         tool_rate: float = 0.5,
         trust_remote_code: bool = False,
         deterministic: bool = False,
+        answer_tokens: tuple[int, int] | None = None,
     ):
         super().__init__(max_batch=max_batch, deterministic=deterministic)
         self.trust_remote_code = trust_remote_code
+        self.answer_tokens = answer_tokens
         self.tokenizer_dir = Path(tokenizer_dir)
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self.token_delay_s = token_delay_s
@@ -271,6 +278,7 @@ class ScriptedBackend(Backend):
         self.enc = enc
         special = set(tok.all_special_ids) | set(self.eos_token_ids)
         self.filler_ids = sorted({t for w in self.word_ids for t in w} - special)
+        self.word_cycle = [t for w in self.word_ids for t in w]
 
     # -- the script
     def _rng(self, job: Job) -> random.Random:
@@ -278,6 +286,13 @@ class ScriptedBackend(Backend):
         seed = job.params.sampling_seed if self.deterministic else None  # ignored, as SGLang does
         h.update(json.dumps([job.input_ids, seed]).encode())
         return random.Random(int.from_bytes(h.digest()[:8], "big"))
+
+    def _long_words(self, rng: random.Random, n: int) -> list[int]:
+        """About `n` tokens of reasoning words (whole words from the cycle, sliced in C)."""
+        cycle = self.word_cycle
+        start = rng.randrange(len(cycle))
+        repeats = (start + n) // len(cycle) + 1
+        return (cycle * repeats)[start : start + n]
 
     def _words(self, rng: random.Random, n: int) -> list[int]:
         out: list[int] = []
@@ -315,7 +330,10 @@ class ScriptedBackend(Backend):
         u = rng.random()
         if u < self.ramble_rate or self.think_end_id is None:
             kind = "ramble"
-        planned += self._words(rng, rng.randint(4, 40))
+        if self.answer_tokens is not None:
+            planned += self._long_words(rng, rng.randint(*self.answer_tokens))
+        else:
+            planned += self._words(rng, rng.randint(4, 40))
         if kind == "ramble":
             return planned  # the stopping loop extends it with filler to max_new_tokens
         planned.append(self.think_end_id)
@@ -352,6 +370,12 @@ class ScriptedBackend(Backend):
         if job.max_new_tokens <= 0:
             job.finish(protocol.finish_length(0))
             return
+        if self.answer_tokens is not None:
+            if len(planned) < job.max_new_tokens:  # a ramble runs on in reasoning words
+                planned = planned + self._long_words(rng, job.max_new_tokens - len(planned))
+            if decode is None and not params.min_new_tokens:
+                self._generate_whole(job, planned, stop_ids)
+                return
         while True:
             if job.abort_requested:
                 job.finish(protocol.finish_abort())
@@ -376,6 +400,18 @@ class ScriptedBackend(Backend):
                 return
             if self.token_delay_s > 0:
                 time.sleep(self.token_delay_s)
+
+    def _generate_whole(self, job: Job, planned: list[int], stop_ids: frozenset) -> None:
+        """The token-wise rules applied to a whole answer at once: the first stop id ends it
+        (included), else the budget cuts it."""
+        output = planned[: job.max_new_tokens]
+        end = next((i for i, t in enumerate(output) if t in stop_ids), None) if stop_ids else None
+        if end is not None:
+            job.output_ids.extend(output[: end + 1])
+            job.finish(protocol.finish_matched_token(output[end]))
+        else:
+            job.output_ids.extend(output)
+            job.finish(protocol.finish_length(len(output)))
 
     def _work(self) -> None:
         while not self._closing.is_set():
