@@ -11,6 +11,7 @@ rule check_sequences:
         "../envs/pipeline.yaml"
     params:
         model=get_param("model"),
+        batch=get_param("batch"),
     script:
         "../scripts/check_sequences.py"
 
@@ -31,5 +32,6 @@ rule check_parsers:
         "../envs/pipeline.yaml"
     params:
         model=get_param("model"),
+        batch=get_param("batch"),
     script:
         "../scripts/check_parsers.py"

@@ -14,6 +14,7 @@ rule export_dataset:
         "../envs/pipeline.yaml"
     params:
         export=get_param("export"),
+        batch=get_param("batch"),
     script:
         "../scripts/export_dataset.py"
 

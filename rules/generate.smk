@@ -15,6 +15,7 @@ rule plan_generation:
         engine=get_param("engine"),
         cache_dir=get_param("cache_dir"),
         shards=get_param("shards"),
+        batch=get_param("batch"),
     script:
         "../scripts/plan_generation.py"
 
@@ -75,5 +76,7 @@ rule merge_shards:
     localrule: True
     conda:
         "../envs/pipeline.yaml"
+    params:
+        batch=get_param("batch"),
     script:
         "../scripts/merge_shards.py"

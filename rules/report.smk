@@ -20,6 +20,7 @@ rule summarize:
         "../envs/pipeline.yaml"
     params:
         categories=CATEGORIES,
+        batch=get_param("batch"),
     script:
         "../scripts/summarize.py"
 
@@ -51,5 +52,6 @@ rule plot_checks:
         "../envs/pipeline.yaml"
     params:
         categories=CATEGORIES,
+        batch=get_param("batch"),
     script:
         "../scripts/plot_checks.py"

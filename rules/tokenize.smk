@@ -36,5 +36,6 @@ rule tokenize_prompts:
         on_bad_rows=get_param("on_bad_rows"),
         allow_empty=get_param("allow_empty"),
         reading=get_param("reading"),
+        batch=get_param("batch"),
     script:
         "../scripts/tokenize_prompts.py"

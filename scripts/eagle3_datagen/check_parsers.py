@@ -47,8 +47,9 @@ from functools import cached_property
 from pathlib import Path
 
 from . import parsers
+from .check_sequences import PROMPT_COLUMNS
 from .settings import ModelProfile
-from .tables import read_rows, write_table
+from .tables import Batching, TableWriter, paired_batches
 from .templating import ChatTokenizer, group_by_tools, load_tokenizer, token_id, token_ids
 
 log = logging.getLogger(__name__)
@@ -227,9 +228,12 @@ def _section_span(output: list[int], offset: int, section_ids) -> tuple[int, int
     return offset + start, offset + stop
 
 
-def check_rows(generations: list[dict], prompts: list[dict], *, tokenizer, profile: ModelProfile) -> list[dict]:
-    """One verdict row per ok generation row (see the module doc for the rules)."""
-    ck = _Checker(tokenizer, profile)
+def check_rows(
+    generations: list[dict], prompts: list[dict], *, tokenizer, profile: ModelProfile, checker: _Checker | None = None
+) -> list[dict]:
+    """One verdict row per ok generation row of a batch (see the module doc for the rules); `prompts`
+    hold the batch's rows (their messages and tools). A `checker` set up once serves every batch."""
+    ck = checker or _Checker(tokenizer, profile)
     rows = [g for g in generations if g["status"] == "ok"]
     by_key = {(p["id"], int(p["sample_index"])): p for p in prompts if p["status"] == "ok"}
 
@@ -321,11 +325,11 @@ def check_rows(generations: list[dict], prompts: list[dict], *, tokenizer, profi
     return verdicts
 
 
-def counts(verdict_rows: list[dict]) -> dict:
+def counts(verdict_rows: list[dict] | Counter) -> dict:
     """Rows per verdict, every class listed (zeros included), plus the total."""
-    c = Counter(r["verdict"] for r in verdict_rows)
+    c = verdict_rows if isinstance(verdict_rows, Counter) else Counter(r["verdict"] for r in verdict_rows)
     out = {v: c.get(v, 0) for v in VERDICTS}
-    out["total"] = len(verdict_rows)
+    out["total"] = sum(c.values())
     return out
 
 
@@ -348,17 +352,27 @@ def verdict_schema():
     )
 
 
-def check_parsers(*, generations: Path, prompts: Path, verdicts: Path, verdict_counts: Path, model: dict) -> dict:
-    """A verdict per row in `verdicts`, their counts in `verdict_counts`; reports, never fails."""
+def check_parsers(
+    *, generations: Path, prompts: Path, verdicts: Path, verdict_counts: Path, model: dict, batch: dict | None = None
+) -> dict:
+    """A verdict per row in `verdicts`, their counts in `verdict_counts`, a batch at a time; reports, never fails."""
     profile = ModelProfile.from_config(model)
-    rows = check_rows(read_rows(generations), read_rows(prompts), tokenizer=load_tokenizer(profile), profile=profile)
+    tokenizer = load_tokenizer(profile)
+    checker = _Checker(tokenizer, profile)
+    batching = Batching.from_config(batch)
     semantics = {
         "reasoning_parser": profile.reasoning_parser,
         "tool_call_parser": profile.tool_call_parser,
         "sglang_version": profile.sglang_version,
     }
-    write_table(rows, verdict_schema(), verdicts, semantics)
-    summary = {**semantics, "verdicts": counts(rows)}
+    tally: Counter = Counter()
+    with TableWriter(verdicts, verdict_schema(), batching) as writer:
+        for gens, prompt_rows in paired_batches(generations, prompts, batching, second_columns=PROMPT_COLUMNS):
+            rows = check_rows(gens, prompt_rows, tokenizer=tokenizer, profile=profile, checker=checker)
+            tally.update(r["verdict"] for r in rows)
+            writer.write(rows)
+        writer.close(semantics)
+    summary = {**semantics, "verdicts": counts(tally)}
     verdict_counts.parent.mkdir(parents=True, exist_ok=True)
     verdict_counts.write_text(json.dumps(summary, indent=2) + "\n")
     log.info("%s", summary)

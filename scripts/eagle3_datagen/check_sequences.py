@@ -2,11 +2,12 @@
 
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .settings import ModelProfile
-from .tables import read_rows
+from .tables import Batching, paired_batches
 from .templating import ChatTokenizer, load_tokenizer, token_ids
 
 log = logging.getLogger(__name__)
@@ -29,96 +30,132 @@ RULES = {
 
 @dataclass
 class SequenceReport:
+    """Counts of every violation, and the first `EXAMPLES` of them with their rows."""
+
+    EXAMPLES = 200
+
     checked: int = 0
     violations: list[dict] = field(default_factory=list)
+    total: Counter = field(default_factory=Counter)
 
     def add(self, row: dict, rule: str, detail: str) -> None:
-        self.violations.append(
-            {"id": row["id"], "sample_index": int(row["sample_index"]), "rule": rule, "detail": detail}
-        )
+        self.total[rule] += 1
+        if len(self.violations) < self.EXAMPLES:
+            self.violations.append(
+                {"id": row["id"], "sample_index": int(row["sample_index"]), "rule": rule, "detail": detail}
+            )
+
+    @property
+    def n_violations(self) -> int:
+        return sum(self.total.values())
 
     def counts(self) -> dict:
-        counts = {rule: 0 for rule in RULES}
-        for v in self.violations:
-            counts[v["rule"]] += 1
-        return counts
+        return {rule: self.total.get(rule, 0) for rule in RULES}
 
     def to_json(self) -> dict:
-        return {"checked": self.checked, "violations": self.counts(), "rules": RULES, "examples": self.violations[:200]}
+        return {"checked": self.checked, "violations": self.counts(), "rules": RULES, "examples": self.violations}
 
     def message(self, limit: int = 20) -> str:
-        lines = [f"{len(self.violations)} sequence violations in {self.checked} rows:"]
+        lines = [f"{self.n_violations} sequence violations in {self.checked} rows:"]
         for v in self.violations[:limit]:
             lines.append(f"  {v['id']}.{v['sample_index']}: {v['rule']} ({RULES[v['rule']]}): {v['detail']}")
-        if len(self.violations) > limit:
-            lines.append(f"  ... and {len(self.violations) - limit} more (see the report file)")
+        if self.n_violations > limit:
+            lines.append(f"  ... and {self.n_violations - limit} more (see the report file)")
         return "\n".join(lines)
 
 
+class SequenceChecker:
+    """The raw-token rules, set up once per category and applied a batch at a time."""
+
+    def __init__(self, tokenizer, profile: ModelProfile):
+        self.vocab = len(tokenizer)
+        self.suffix = token_ids(tokenizer, profile.prompt_suffix)
+        self.prompt_only = set(token_ids(tokenizer, profile.prompt_only_tokens))
+        self.stops = set(token_ids(tokenizer, profile.stop_tokens))
+        self.chat = ChatTokenizer(tokenizer, profile)
+
+    def check(self, generations: list[dict], prompts: list[dict], report: SequenceReport) -> None:
+        """Check every ok row of a batch; `prompts` (with their messages) hold the same rows."""
+        ok_rows = [g for g in generations if g["status"] == "ok"]
+        report.checked += len(ok_rows)
+        # Only usable rows have a unique (id, sample_index); a skipped duplicate may share its id.
+        by_key = {(p["id"], int(p["sample_index"])): p for p in prompts if p["status"] == "ok"}
+        fresh = self._fresh_prompt_ids([by_key[(g["id"], int(g["sample_index"]))] for g in ok_rows])
+        suffix, stops, vocab = self.suffix, self.stops, self.vocab
+        for g, fresh_ids in zip(ok_rows, fresh):
+            prompt_ids, output_ids = g["prompt_ids"], g["output_ids"]
+            if prompt_ids != fresh_ids:
+                pos = next(
+                    (i for i, (a, b) in enumerate(zip(prompt_ids, fresh_ids)) if a != b),
+                    min(len(prompt_ids), len(fresh_ids)),
+                )
+                report.add(
+                    g,
+                    "prompt_matches_template",
+                    f"first difference at position {pos}: stored {prompt_ids[pos : pos + 5]} vs fresh {fresh_ids[pos : pos + 5]}",
+                )
+            if suffix and prompt_ids[-len(suffix) :] != suffix:
+                report.add(
+                    g, "prompt_suffix", f"prompt ends {prompt_ids[-len(suffix) - 2 :]}, expected suffix {suffix}"
+                )
+            if not self.prompt_only.isdisjoint(output_ids):
+                bad_outputs = sorted(self.prompt_only.intersection(output_ids))
+                report.add(g, "no_prompt_only_tokens", f"output contains prompt-only ids {bad_outputs}")
+            if g["finish_type"] != "length" and (not output_ids or output_ids[-1] not in stops):
+                report.add(
+                    g,
+                    "ends_with_stop",
+                    f"finish_type {g['finish_type']!r}, last output id {output_ids[-1:] or None}, stop ids {sorted(stops)}",
+                )
+            if (
+                g["finish_type"] == "stop"
+                and g["finish_matched"].lstrip("-").isdigit()
+                and output_ids
+                and int(g["finish_matched"]) != output_ids[-1]
+            ):
+                report.add(
+                    g, "finish_matches_output", f"matched {g['finish_matched']} but last output id {output_ids[-1]}"
+                )
+            lowest = min(min(prompt_ids, default=0), min(output_ids, default=0))
+            highest = max(max(prompt_ids, default=0), max(output_ids, default=0))
+            if lowest < 0 or highest >= vocab:
+                outside = sorted({t for t in prompt_ids + output_ids if not 0 <= t < vocab})
+                report.add(g, "ids_in_vocabulary", f"ids {outside[:10]} outside vocabulary of {vocab}")
+            if len(output_ids) > int(g["max_new_tokens"]):
+                report.add(
+                    g, "within_budget", f"{len(output_ids)} output tokens > max_new_tokens {g['max_new_tokens']}"
+                )
+
+    def _fresh_prompt_ids(self, prompt_rows: list[dict]) -> list[list[int]]:
+        conversations = [json.loads(p["messages"]) for p in prompt_rows]
+        tools = [json.loads(p["tools"]) if p["tools"] else None for p in prompt_rows]
+        return [t.prompt_ids for t in self.chat.tokenize(conversations, tools)]
+
+
 def check_rows(generations: list[dict], prompts: list[dict], *, tokenizer, profile: ModelProfile) -> SequenceReport:
-    """Check every ok row; prompts (with their messages) come from the tokenize step's table."""
+    """Check every ok row of one batch (see `SequenceChecker`)."""
     report = SequenceReport()
-    vocab = len(tokenizer)
-    suffix = token_ids(tokenizer, profile.prompt_suffix)
-    prompt_only = set(token_ids(tokenizer, profile.prompt_only_tokens))
-    stops = set(token_ids(tokenizer, profile.stop_tokens))
-    ok_rows = [g for g in generations if g["status"] == "ok"]
-    report.checked = len(ok_rows)
-
-    # Only usable rows have a unique (id, sample_index); a skipped duplicate may share its id.
-    by_key = {(p["id"], int(p["sample_index"])): p for p in prompts if p["status"] == "ok"}
-    fresh = _fresh_prompt_ids([by_key[(g["id"], int(g["sample_index"]))] for g in ok_rows], tokenizer, profile)
-
-    for g, fresh_ids in zip(ok_rows, fresh):
-        prompt_ids, output_ids = list(g["prompt_ids"]), list(g["output_ids"])
-        if prompt_ids != fresh_ids:
-            pos = next(
-                (i for i, (a, b) in enumerate(zip(prompt_ids, fresh_ids)) if a != b),
-                min(len(prompt_ids), len(fresh_ids)),
-            )
-            report.add(
-                g,
-                "prompt_matches_template",
-                f"first difference at position {pos}: stored {prompt_ids[pos : pos + 5]} vs fresh {fresh_ids[pos : pos + 5]}",
-            )
-        if suffix and prompt_ids[-len(suffix) :] != suffix:
-            report.add(g, "prompt_suffix", f"prompt ends {prompt_ids[-len(suffix) - 2 :]}, expected suffix {suffix}")
-        bad_outputs = sorted({t for t in output_ids if t in prompt_only})
-        if bad_outputs:
-            report.add(g, "no_prompt_only_tokens", f"output contains prompt-only ids {bad_outputs}")
-        if g["finish_type"] != "length" and (not output_ids or output_ids[-1] not in stops):
-            report.add(
-                g,
-                "ends_with_stop",
-                f"finish_type {g['finish_type']!r}, last output id {output_ids[-1:] or None}, stop ids {sorted(stops)}",
-            )
-        if (
-            g["finish_type"] == "stop"
-            and g["finish_matched"].lstrip("-").isdigit()
-            and output_ids
-            and int(g["finish_matched"]) != output_ids[-1]
-        ):
-            report.add(g, "finish_matches_output", f"matched {g['finish_matched']} but last output id {output_ids[-1]}")
-        outside = sorted({t for t in prompt_ids + output_ids if not 0 <= t < vocab})
-        if outside:
-            report.add(g, "ids_in_vocabulary", f"ids {outside[:10]} outside vocabulary of {vocab}")
-        if len(output_ids) > int(g["max_new_tokens"]):
-            report.add(g, "within_budget", f"{len(output_ids)} output tokens > max_new_tokens {g['max_new_tokens']}")
+    SequenceChecker(tokenizer, profile).check(generations, prompts, report)
     return report
 
 
-def _fresh_prompt_ids(prompt_rows: list[dict], tokenizer, profile: ModelProfile) -> list[list[int]]:
-    chat = ChatTokenizer(tokenizer, profile)
-    conversations = [json.loads(p["messages"]) for p in prompt_rows]
-    tools = [json.loads(p["tools"]) if p["tools"] else None for p in prompt_rows]
-    return [t.prompt_ids for t in chat.tokenize(conversations, tools)]
+# The prompts table's columns the checks read (not the prompt ids: the generations hold them).
+PROMPT_COLUMNS = ["id", "sample_index", "status", "messages", "tools"]
 
 
-def check_sequences(*, generations: Path, prompts: Path, sequence_report: Path, model: dict) -> SequenceReport:
-    """Check one category's generations; raises SequenceViolation (the job fails) on any violation."""
+def check_sequences(
+    *, generations: Path, prompts: Path, sequence_report: Path, model: dict, batch: dict | None = None
+) -> SequenceReport:
+    """Check one category's generations a batch at a time; raises SequenceViolation (the job fails)
+    on any violation."""
     profile = ModelProfile.from_config(model)
-    report = check_rows(read_rows(generations), read_rows(prompts), tokenizer=load_tokenizer(profile), profile=profile)
-    if report.violations:
+    checker = SequenceChecker(load_tokenizer(profile), profile)
+    report = SequenceReport()
+    for gens, prompt_rows in paired_batches(
+        generations, prompts, Batching.from_config(batch), second_columns=PROMPT_COLUMNS
+    ):
+        checker.check(gens, prompt_rows, report)
+    if report.n_violations:
         raise SequenceViolation(report.message())
     sequence_report.parent.mkdir(parents=True, exist_ok=True)
     sequence_report.write_text(json.dumps(report.to_json(), indent=2) + "\n")

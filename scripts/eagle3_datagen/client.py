@@ -13,6 +13,7 @@ import logging
 import random
 import secrets
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -303,10 +304,24 @@ class GenerateClient:
             "attempts": self.settings.max_retries + 1,
         }
 
-    async def run(self, requests: list[Request], journal: Journal | None = None) -> dict[tuple[str, int], dict]:
-        """Generate every request, `concurrency` in flight; results (ok or failed) are journalled as they finish."""
+    async def run(
+        self,
+        requests: Iterable[Request],
+        journal: Journal | None = None,
+        *,
+        total: int | None = None,
+        keep_results: bool = True,
+    ) -> dict[tuple[str, int], dict]:
+        """Generate every request, `concurrency` in flight; results (ok or failed) are journalled as they finish.
+
+        `requests` may be a lazy iterator (`total` then says how many it holds): it is drawn from only
+        as slots free up, so only the requests in flight are in memory. With `keep_results=False` the
+        results are only journalled, and an empty dict is returned."""
         results: dict[tuple[str, int], dict] = {}
-        progress = Progress(len(requests), self.settings.progress_interval_s, self.label)
+        if total is None:
+            requests = list(requests)
+            total = len(requests)
+        progress = Progress(total, self.settings.progress_interval_s, self.label)
         slots = asyncio.Semaphore(self.settings.concurrency)
         # Connections beyond the slots: a request that has given its slot back may still be
         # closing its connection while the next one opens.
@@ -317,7 +332,8 @@ class GenerateClient:
         async def handle(session, req):
             nonlocal syncing
             result = await self.generate_one(session, req, progress, slots)
-            results[req.key] = result
+            if keep_results:
+                results[req.key] = result
             if journal is not None:
                 journal.append(
                     {"id": req.id, "sample_index": req.sample_index, "fingerprint": req.fingerprint, **result}
@@ -355,7 +371,7 @@ class GenerateClient:
                     journal.sync()
         if errors:
             raise errors[0]
-        if requests:
+        if total:
             progress.log()
         self.requests_per_s, self.tokens_per_s = progress.rates()
         return results

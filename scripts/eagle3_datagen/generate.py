@@ -8,14 +8,15 @@ tokenizer: the token facts come with the prompts table (`templating.token_facts`
 import asyncio
 import json
 import logging
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from .client import GenerateClient, RequestTemplate, ServerDied
+from .client import GenerateClient, Request, RequestTemplate, ServerDied
 from .journal import Journal
-from .plan_generation import make_plan, make_template, open_journal, shard_rows
+from .plan_generation import make_plan, make_template, open_journal, request_of, requests_to_send, shard_of, shard_rows
 from .servers import api_key, job_facts, seeds_honoured, server_provenance, servers, terminate_on_sigterm
 from .settings import ClientSettings, ModelProfile, stable_hash
-from .tables import GENERATIONS_SCHEMA, read_provenance, read_rows, write_table
+from .tables import GENERATIONS_SCHEMA, Batching, TableWriter, count_rows, iter_rows, read_provenance
 
 log = logging.getLogger(__name__)
 
@@ -24,45 +25,73 @@ class TooManyFailures(RuntimeError):
     pass
 
 
-def assemble(prompt_rows: list[dict], results: dict, template: RequestTemplate) -> list[dict]:
-    """One generations row per prompt row, in prompt order; skipped rows carry their reason."""
-    rows = []
+def assemble(
+    prompt_rows: Iterable[dict], result_of: Callable[[Request], dict | None], template: RequestTemplate
+) -> Iterator[dict]:
+    """One generations row per prompt row, in prompt order; skipped rows carry their reason.
+
+    `result_of(request)` gives the journalled result of a usable row's request."""
+    sampling = json.dumps(template.sampling, sort_keys=True)
     for p in prompt_rows:
-        key = (p["id"], int(p["sample_index"]))
-        r = results.get(key)
         base = {
             "id": p["id"],
             "sample_index": p["sample_index"],
             "category": p["category"],
             "prompt_ids": p["prompt_ids"],
-            "sampling": json.dumps(template.sampling, sort_keys=True),
+            "sampling": sampling,
             "seed": p["seed"],
             "max_new_tokens": p["max_new_tokens"],
         }
         if p["status"] != "ok":
-            rows.append({**base, "output_ids": [], "status": p["status"], "error": p["reason"], "attempts": 0})
-        elif r is None:
-            raise RuntimeError(f"row {key} has no result: this is a bug")
-        else:
-            rows.append(
-                {
-                    **base,
-                    "output_ids": r.get("output_ids", []),
-                    "finish_type": r.get("finish_type", ""),
-                    "finish_matched": r.get("finish_matched", ""),
-                    "completion_tokens": r.get("completion_tokens", 0),
-                    "cached_tokens": r.get("cached_tokens", 0),
-                    "e2e_latency": r.get("e2e_latency", 0.0),
-                    "attempts": r.get("attempts", 0),
-                    "status": r["status"],
-                    "error": r.get("error", ""),
-                }
-            )
-    return rows
+            yield {**base, "output_ids": [], "status": p["status"], "error": p["reason"], "attempts": 0}
+            continue
+        r = result_of(request_of(p, template))
+        if r is None:
+            raise RuntimeError(f"row {(p['id'], int(p['sample_index']))} has no result: this is a bug")
+        yield {
+            **base,
+            "output_ids": r.get("output_ids", []),
+            "finish_type": r.get("finish_type", ""),
+            "finish_matched": r.get("finish_matched", ""),
+            "completion_tokens": r.get("completion_tokens", 0),
+            "cached_tokens": r.get("cached_tokens", 0),
+            "e2e_latency": r.get("e2e_latency", 0.0),
+            "attempts": r.get("attempts", 0),
+            "status": r["status"],
+            "error": r.get("error", ""),
+        }
+
+
+def journalled_result(journal: Journal) -> Callable[[Request], dict | None]:
+    """A request's result after a run: the ok entry made by exactly this request (reused or new),
+    else what this run journalled for its row (a failure)."""
+
+    def result_of(req: Request) -> dict | None:
+        return journal.reusable(req.fingerprint) or journal.entry(req.key)
+
+    return result_of
+
+
+class FailureCount:
+    """Attempted and failed rows of a shard, counted as they are written."""
+
+    def __init__(self):
+        self.attempted = self.failed = 0
+        self.examples: list[str] = []
+
+    def count(self, rows: Iterable[dict]) -> Iterator[dict]:
+        for r in rows:
+            if r["status"] in ("ok", "failed"):
+                self.attempted += 1
+            if r["status"] == "failed":
+                self.failed += 1
+                if len(self.examples) < 5:
+                    self.examples.append(f"{r['id']}.{r['sample_index']}: {r['error']}")
+            yield r
 
 
 def generate_category(
-    prompt_rows: list[dict],
+    prompt_rows: Callable[[], Iterable[dict]],
     *,
     facts: dict,
     profile: ModelProfile,
@@ -73,10 +102,13 @@ def generate_category(
     server_log: Path,
     max_failed_share: float,
     category: str,
-) -> tuple[list[dict], dict]:
-    """Generate every usable row of a category; returns (generations rows, provenance).
+    writer: TableWriter,
+) -> dict:
+    """Generate every usable row of a category into `writer`; returns the provenance.
 
-    `facts` are the prompts table's token facts (provenance); `journal` keeps every finished row.
+    `prompt_rows()` reads the shard's prompt rows anew (planning, sending and writing each go
+    through them once, a batch at a time); `facts` are the prompts table's token facts
+    (provenance); `journal` keeps every finished row and is where results are read back from.
     """
     template = make_template(facts, profile, sampling, engine)
     provenance = {
@@ -85,10 +117,9 @@ def generate_category(
         "job": job_facts(),
     }
     with journal, terminate_on_sigterm():
-        todo = make_plan(prompt_rows, template, journal)
+        todo = make_plan(prompt_rows(), template, journal)
         provenance["plan"] = todo.summary()
         log.info("%s plan: %s", category, provenance["plan"])
-        results = dict(todo.reused)
         if todo.to_send:
             key = api_key(engine)
             headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -105,8 +136,9 @@ def generate_category(
                 client = GenerateClient(
                     srv.urls, template, client_settings, label=category, headers=headers, alive=srv.alive
                 )
+                requests = requests_to_send(prompt_rows(), template, journal)
                 try:
-                    results.update(asyncio.run(client.run(todo.to_send, journal)))
+                    asyncio.run(client.run(requests, journal, total=todo.to_send, keep_results=False))
                 except ServerDied as exc:
                     raise ServerDied(
                         f"{category}: {exc}; its log is {server_log}. The journal {journal.path} keeps "
@@ -117,18 +149,20 @@ def generate_category(
                     "requests_per_s": round(client.requests_per_s, 3),
                     "tokens_per_s": round(client.tokens_per_s, 1),
                 }
-    rows = assemble(prompt_rows, results, template)
-    attempted = [r for r in rows if r["status"] in ("ok", "failed")]
-    failed = [r for r in attempted if r["status"] == "failed"]
-    share = len(failed) / len(attempted) if attempted else 0.0
+        failures = FailureCount()
+        writer.write(failures.count(assemble(prompt_rows(), journalled_result(journal), template)))
+    share = failures.failed / failures.attempted if failures.attempted else 0.0
     if share > max_failed_share:
-        examples = "; ".join(f"{r['id']}.{r['sample_index']}: {r['error']}" for r in failed[:5])
         raise TooManyFailures(
-            f"{category}: {len(failed)} of {len(attempted)} rows failed ({share:.1%} > max_failed_share "
+            f"{category}: {failures.failed} of {failures.attempted} rows failed ({share:.1%} > max_failed_share "
             f"{max_failed_share:.1%}); the journal {journal.path} keeps the finished rows, and a rerun sends only "
-            f"the failed ones. First failures: {examples}"
+            f"the failed ones. First failures: {'; '.join(failures.examples)}"
         )
-    return rows, provenance
+    return provenance
+
+
+# The prompts table's columns a generations row is made of.
+ASSEMBLE_COLUMNS = ["id", "sample_index", "category", "prompt_ids", "seed", "max_new_tokens", "status", "reason"]
 
 
 def generate(
@@ -146,7 +180,10 @@ def generate(
     cache_dir: str,
     shards: int,
 ) -> None:
-    """Generate one shard of a category into `shard_generations`."""
+    """Generate one shard of a category into `shard_generations`.
+
+    Memory follows the requests in flight and one batch of rows, not the rows done: prompts are
+    read a batch at a time, results are read back from the journal as the table is written."""
     params = {
         "model": model,
         "sampling": sampling,
@@ -158,37 +195,59 @@ def generate(
     }
     facts = read_provenance(prompts)
     label = category if shards == 1 else f"{category}[{shard}/{shards}]"
-    rows, provenance = generate_category(
-        shard_rows(read_rows(prompts), shard, shards),
-        facts=facts,
-        profile=ModelProfile.from_config(model),
-        sampling=sampling,
-        engine=engine,
-        client_settings=ClientSettings.from_config(client),
-        journal=open_journal(cache_dir, category, shard, shards),
-        server_log=server_log,
-        max_failed_share=max_failed_share,
-        category=label,
-    )
-    provenance.update(
-        {"prompts": facts, "params": params, "config_sha256": stable_hash(params), "shard": shard, "shards": shards}
-    )
-    write_table(rows, GENERATIONS_SCHEMA, shard_generations, provenance)
-    log.info("%s: wrote %d rows to %s", label, len(rows), shard_generations)
+
+    def prompt_rows():
+        return shard_rows(iter_rows(prompts, columns=ASSEMBLE_COLUMNS), shard, shards)
+
+    with TableWriter(shard_generations, GENERATIONS_SCHEMA) as writer:
+        provenance = generate_category(
+            prompt_rows,
+            facts=facts,
+            profile=ModelProfile.from_config(model),
+            sampling=sampling,
+            engine=engine,
+            client_settings=ClientSettings.from_config(client),
+            journal=open_journal(cache_dir, category, shard, shards),
+            server_log=server_log,
+            max_failed_share=max_failed_share,
+            category=label,
+            writer=writer,
+        )
+        provenance.update(
+            {"prompts": facts, "params": params, "config_sha256": stable_hash(params), "shard": shard, "shards": shards}
+        )
+        writer.close(provenance)
+    log.info("%s: wrote %d rows to %s", label, writer.rows, shard_generations)
 
 
-def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: Path) -> None:
-    """Join a category's generate shards into one generations table, in prompt order."""
-    rows = [r for path in shard_generations for r in read_rows(path)]
-    prompt_rows = read_rows(prompts)
-    if len(rows) != len(prompt_rows):
-        raise RuntimeError(f"{generations}: the shards hold {len(rows)} rows, the prompts table {len(prompt_rows)}")
-    first = {}
-    for i, p in enumerate(prompt_rows):
-        first.setdefault((p["id"], p["sample_index"]), i)
-    rows.sort(key=lambda r: first[(r["id"], r["sample_index"])])  # stable: duplicates keep their order
+def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: Path, batch: dict | None = None) -> None:
+    """Join a category's generate shards into one generations table, in prompt order.
+
+    Each shard holds its rows in prompt order, so the merge walks the prompts table once and takes
+    each row's next row from its shard: a batch per shard in memory, whatever the category's size."""
+    batching = Batching.from_config(batch)
+    shards = len(shard_generations)
     provenance = [read_provenance(path) for path in shard_generations]
+    for n, p in enumerate(provenance):
+        if p.get("shard", n) != n or p.get("shards", shards) != shards:
+            raise RuntimeError(
+                f"{shard_generations[n]} holds shard {p.get('shard')} of {p.get('shards')}, not {n} of {shards}"
+            )
+    held = sum(count_rows(path) for path in shard_generations)
+    expected = count_rows(prompts)
+    if held != expected:
+        raise RuntimeError(f"{generations}: the shards hold {held} rows, the prompts table {expected}")
+    sources = [iter_rows(path, batching) for path in shard_generations]
     merged = dict(provenance[0])
     merged["shards"] = provenance
-    write_table(rows, GENERATIONS_SCHEMA, generations, merged)
-    log.info("merged %d shards, %d rows into %s", len(shard_generations), len(rows), generations)
+    with TableWriter(generations, GENERATIONS_SCHEMA, batching) as writer:
+        for p in iter_rows(prompts, batching, columns=["id", "sample_index"]):
+            row = next(sources[shard_of(p["id"], shards) if shards > 1 else 0])
+            if (row["id"], row["sample_index"]) != (p["id"], p["sample_index"]):
+                raise RuntimeError(
+                    f"{generations}: prompt row {p['id']}.{p['sample_index']} meets shard row "
+                    f"{row['id']}.{row['sample_index']}: the shards are not in prompt order"
+                )
+            writer.write_row(row)
+        writer.close(merged)
+    log.info("merged %d shards, %d rows into %s", shards, writer.rows, generations)

@@ -8,15 +8,24 @@ A torn last line (a kill mid-write) is cut off when the journal is opened.
 The journal doubles as the generation cache: an ok entry is reused for any row whose request
 fingerprint (model and server, prompt ids, sampling, budget, seed, sample index) is the same, so an
 edited prompt is sent again and an unchanged one never is, whatever its file's timestamp says.
+
+Memory: the journal keeps only where each entry's line lies (file, offset, length), never the
+entries themselves, and reads a line back when it is asked for; so a job's memory does not grow
+with the answers it has journalled (tens of GB for 88k answers of 10k tokens).
 """
 
-import json
 import logging
 import os
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import orjson
+
 log = logging.getLogger(__name__)
+
+# Where a line lies: (file number, byte offset, length without the newline).
+Ref = tuple[int, int, int]
 
 
 class Journal:
@@ -37,61 +46,85 @@ class Journal:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self.sync_every = sync_every
         self.sync_interval_s = sync_interval_s
-        self.entries: dict[tuple[str, int], dict] = {}
-        self.by_fingerprint: dict[str, dict] = {}
+        self._files: list[Path] = [self.path]
+        self._fds: dict[int, int] = {}
+        self._keys: dict[tuple[str, int], Ref] = {}
+        self._by_fingerprint: dict[str, Ref] = {}
         self.torn_bytes = 0
         for other in also_read:
             if Path(other) != self.path:
-                Journal(other, read_only=True)._merge_into(self)
-        self._load()
+                self._files.append(Path(other))
+                found: dict[str, Ref] = {}
+                self._load(len(self._files) - 1, found)
+                for fingerprint, ref in found.items():
+                    self._by_fingerprint.setdefault(fingerprint, ref)
+        self._load(0, self._by_fingerprint, keys=self._keys)
         self._fh = None if read_only else open(self.path, "ab")
+        self._size = self._fh.tell() if self._fh is not None else 0
         self._unsynced = 0
         self._last_sync = time.monotonic()
 
-    def _load(self) -> None:
-        if not self.path.exists():
+    def _load(self, file_no: int, by_fingerprint: dict, keys: dict | None = None) -> None:
+        """Index one journal file a line at a time; cut a torn tail of our own file."""
+        path = self._files[file_no]
+        if not path.exists():
             return
-        with open(self.path, "rb") as fh:
-            data = fh.read()
-        good_end = 0
-        pos = 0
-        while pos < len(data):
-            newline = data.find(b"\n", pos)
-            if newline == -1:
-                break  # no newline: the last write was cut short
-            line = data[pos:newline]
-            try:
-                entry = json.loads(line)
-                key = (entry["id"], int(entry["sample_index"]))
-            except (ValueError, KeyError, TypeError):
-                log.warning("journal %s: unreadable entry at byte %d; ignoring the rest", self.path, pos)
-                break
-            self._index(key, entry)
-            pos = good_end = newline + 1
-        if good_end < len(data):
-            self.torn_bytes = len(data) - good_end
-            if not self.read_only:
-                log.warning("journal %s: cutting a torn tail of %d bytes", self.path, self.torn_bytes)
-                with open(self.path, "r+b") as fh:
+        good_end = pos = 0
+        with open(path, "rb") as fh:
+            for line in fh:
+                if not line.endswith(b"\n"):
+                    break  # no newline: the last write was cut short
+                try:
+                    entry = orjson.loads(line)
+                    key = (entry["id"], int(entry["sample_index"]))
+                except (ValueError, KeyError, TypeError):
+                    log.warning("journal %s: unreadable entry at byte %d; ignoring the rest", path, pos)
+                    break
+                ref = (file_no, pos, len(line) - 1)
+                if keys is not None:
+                    keys[key] = ref
+                if entry.get("status") == "ok" and entry.get("fingerprint"):
+                    by_fingerprint[entry["fingerprint"]] = ref
+                pos = good_end = pos + len(line)
+            size = fh.seek(0, os.SEEK_END)
+        if good_end < size:
+            self.torn_bytes = size - good_end
+            if file_no == 0 and not self.read_only:
+                log.warning("journal %s: cutting a torn tail of %d bytes", path, self.torn_bytes)
+                with open(path, "r+b") as fh:
                     fh.truncate(good_end)
 
-    def _merge_into(self, other: "Journal") -> None:
-        for entry in self.by_fingerprint.values():
-            other.by_fingerprint.setdefault(entry["fingerprint"], entry)
-
-    def _index(self, key: tuple[str, int], entry: dict) -> None:
-        self.entries[key] = entry
-        if entry.get("status") == "ok" and entry.get("fingerprint"):
-            self.by_fingerprint[entry["fingerprint"]] = entry
+    def _read(self, ref: Ref) -> dict:
+        file_no, offset, length = ref
+        fd = self._fds.get(file_no)
+        if fd is None:
+            fd = self._fds[file_no] = os.open(self._files[file_no], os.O_RDONLY)
+        return orjson.loads(os.pread(fd, length, offset))
 
     def reusable(self, fingerprint: str) -> dict | None:
         """A journalled ok result made by exactly this request, if there is one."""
-        return self.by_fingerprint.get(fingerprint)
+        ref = self._by_fingerprint.get(fingerprint)
+        return None if ref is None else self._read(ref)
+
+    def entry(self, key: tuple[str, int]) -> dict | None:
+        """The last entry this journal holds for (id, sample_index), if any."""
+        ref = self._keys.get(key)
+        return None if ref is None else self._read(ref)
+
+    @property
+    def entries(self) -> Mapping:
+        """(id, sample_index) -> last entry, read from the file as it is looked at."""
+        return _Entries(self)
 
     def append(self, entry: dict) -> None:
-        self._index((entry["id"], int(entry["sample_index"])), entry)
-        self._fh.write(json.dumps(entry, separators=(",", ":")).encode("utf-8") + b"\n")
+        line = orjson.dumps(entry) + b"\n"
+        ref = (0, self._size, len(line) - 1)
+        self._fh.write(line)
         self._fh.flush()
+        self._size += len(line)
+        self._keys[(entry["id"], int(entry["sample_index"]))] = ref
+        if entry.get("status") == "ok" and entry.get("fingerprint"):
+            self._by_fingerprint[entry["fingerprint"]] = ref
         self._unsynced += 1
 
     def sync_due(self) -> bool:
@@ -112,9 +145,29 @@ class Journal:
         if self._fh is not None and not self._fh.closed:
             self.sync()
             self._fh.close()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
     def __enter__(self) -> "Journal":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Entries(Mapping):
+    def __init__(self, journal: Journal):
+        self._journal = journal
+
+    def __getitem__(self, key):
+        entry = self._journal.entry(key)
+        if entry is None:
+            raise KeyError(key)
+        return entry
+
+    def __iter__(self) -> Iterator:
+        return iter(self._journal._keys)
+
+    def __len__(self) -> int:
+        return len(self._journal._keys)

@@ -9,34 +9,44 @@ collects them into results/plan.tsv) and sizes the generate job's GPU request.
 import hashlib
 import json
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from .client import Request, RequestTemplate
 from .journal import Journal
 from .settings import ModelProfile
-from .tables import read_provenance, read_rows
+from .tables import Batching, iter_rows, read_provenance
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Plan:
-    """Which rows of a category need the server, and which are already done or skipped."""
+    """How many rows of a shard need the server, and how many are already done or skipped.
 
-    to_send: list[Request] = field(default_factory=list)
-    reused: dict = field(default_factory=dict)
+    Counts only: the requests themselves are made again, lazily, when they are sent
+    (`requests_to_send`), so a plan of any size takes no memory."""
+
+    to_send: int = 0
+    reused: int = 0
     skipped: int = 0
+    prompt_tokens_to_send: int = 0
+    max_new_tokens_to_send: int = 0
 
     def summary(self) -> dict:
         """The cost preview: what a run would send, and what it already has."""
         return {
-            "to_send": len(self.to_send),
-            "reused": len(self.reused),
+            "to_send": self.to_send,
+            "reused": self.reused,
             "skipped": self.skipped,
-            "prompt_tokens_to_send": sum(len(r.prompt_ids) for r in self.to_send),
-            "max_new_tokens_to_send": sum(r.max_new_tokens for r in self.to_send),
+            "prompt_tokens_to_send": self.prompt_tokens_to_send,
+            "max_new_tokens_to_send": self.max_new_tokens_to_send,
         }
+
+
+# The prompts table's columns that planning and sending read (not the messages).
+PLAN_COLUMNS = ["id", "sample_index", "prompt_ids", "max_new_tokens", "seed", "status"]
 
 
 # Weights up to this size are hashed whole; larger checkpoints are identified by file names and sizes.
@@ -95,22 +105,42 @@ def make_template(facts: dict, profile: ModelProfile, sampling: dict, engine: di
     )
 
 
-def make_plan(prompt_rows: list[dict], template: RequestTemplate, journal: Journal | None) -> Plan:
-    result = Plan()
-    for row in prompt_rows:
+def request_of(row: dict, template: RequestTemplate) -> Request:
+    """The request of a usable prompts row, with its fingerprint."""
+    req = Request(row["id"], int(row["sample_index"]), row["prompt_ids"], int(row["max_new_tokens"]), int(row["seed"]))
+    req.fingerprint = template.fingerprint(req)
+    return req
+
+
+def plan_rows(rows: Iterable[dict], template: RequestTemplate, journal: Journal | None):
+    """(row, its request or None when skipped, the journalled result it reuses or None), row by row."""
+    for row in rows:
         if row["status"] != "ok":
-            result.skipped += 1
+            yield row, None, None
             continue
-        req = Request(
-            row["id"], int(row["sample_index"]), list(row["prompt_ids"]), int(row["max_new_tokens"]), int(row["seed"])
-        )
-        req.fingerprint = template.fingerprint(req)
-        entry = journal.reusable(req.fingerprint) if journal is not None else None
-        if entry is not None:
-            result.reused[req.key] = entry
+        req = request_of(row, template)
+        yield row, req, journal.reusable(req.fingerprint) if journal is not None else None
+
+
+def make_plan(rows: Iterable[dict], template: RequestTemplate, journal: Journal | None) -> Plan:
+    result = Plan()
+    for _, req, reused in plan_rows(rows, template, journal):
+        if req is None:
+            result.skipped += 1
+        elif reused is not None:
+            result.reused += 1
         else:
-            result.to_send.append(req)
+            result.to_send += 1
+            result.prompt_tokens_to_send += len(req.prompt_ids)
+            result.max_new_tokens_to_send += req.max_new_tokens
     return result
+
+
+def requests_to_send(rows: Iterable[dict], template: RequestTemplate, journal: Journal | None) -> Iterator[Request]:
+    """The requests a plan sends, made as they are drawn."""
+    for _, req, reused in plan_rows(rows, template, journal):
+        if req is not None and reused is None:
+            yield req
 
 
 def shard_of(row_id: str, shards: int) -> int:
@@ -118,8 +148,8 @@ def shard_of(row_id: str, shards: int) -> int:
     return int(hashlib.sha256(row_id.encode("utf-8")).hexdigest()[:12], 16) % shards
 
 
-def shard_rows(prompt_rows: list[dict], shard: int, shards: int) -> list[dict]:
-    return [r for r in prompt_rows if shard_of(r["id"], shards) == shard]
+def shard_rows(prompt_rows: Iterable[dict], shard: int, shards: int) -> Iterator[dict]:
+    return (r for r in prompt_rows if shards == 1 or shard_of(r["id"], shards) == shard)
 
 
 def journal_path(cache_dir: str | Path, category: str, shard: int, shards: int) -> Path:
@@ -144,16 +174,18 @@ def plan_generation(
     engine: dict,
     cache_dir: str,
     shards: int,
+    batch: dict | None = None,
 ) -> dict:
     """Write the plan of one shard: rows to send, already generated, skipped (no server, no tokenizer)."""
     template = make_template(read_provenance(prompts), ModelProfile.from_config(model), sampling, engine)
-    journal = open_journal(cache_dir, category, shard, shards, read_only=True)
-    summary = {
-        "category": category,
-        "shard": shard,
-        "shards": shards,
-        **make_plan(shard_rows(read_rows(prompts), shard, shards), template, journal).summary(),
-    }
+    with open_journal(cache_dir, category, shard, shards, read_only=True) as journal:
+        rows = iter_rows(prompts, Batching.from_config(batch), columns=PLAN_COLUMNS)
+        summary = {
+            "category": category,
+            "shard": shard,
+            "shards": shards,
+            **make_plan(shard_rows(rows, shard, shards), template, journal).summary(),
+        }
     plan.parent.mkdir(parents=True, exist_ok=True)
     plan.write_text(json.dumps(summary, indent=2) + "\n")
     log.info("%s", summary)

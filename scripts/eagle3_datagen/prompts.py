@@ -5,8 +5,10 @@ Input rows are JSONL (or Parquet) with one conversation each, in OpenAI message 
 `from`/`value`). A trailing assistant message is dropped: it is what gets regenerated (DESIGN §2).
 """
 
+import itertools
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,23 +221,48 @@ JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 COLUMNAR_SUFFIXES = (".parquet", ".arrow")
 
 
-def _open_bytes(path: Path):
-    """The file's bytes, decompressed by its suffix (.gz, .zst); an unreadable stream is the file's error."""
+# Prompt files are read a block at a time: a file of any size (a 600 MB ShareGPT array, say) never
+# sits in memory whole, as bytes, text or objects.
+BLOCK = 1 << 20
+
+
+def _open_stream(path: Path):
+    kind = COMPRESSIONS.get(path.suffix.lower())
+    if kind == "gzip":
+        import gzip
+
+        return gzip.open(path, "rb")
+    if kind == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True)
+    return open(path, "rb")
+
+
+def _blocks(path: Path):
+    """The file's bytes, decompressed by its suffix (.gz, .zst), a block at a time; an unreadable
+    stream is the file's error."""
     kind = COMPRESSIONS.get(path.suffix.lower())
     try:
-        if kind == "gzip":
-            import gzip
-
-            with gzip.open(path, "rb") as fh:
-                return fh.read()
-        if kind == "zstd":
-            import zstandard
-
-            with open(path, "rb") as fh, zstandard.ZstdDecompressor().stream_reader(fh) as reader:
-                return reader.read()
-        return path.read_bytes()
+        with _open_stream(path) as fh:
+            while block := fh.read(BLOCK):
+                yield block
     except Exception as exc:  # gzip.BadGzipFile, zstandard.ZstdError, EOFError, ...
         raise PromptFileError(f"{path}: cannot be read as {kind} data: {type(exc).__name__}: {exc}") from None
+
+
+def _lines(blocks):
+    """The lines of a byte stream (without their newline), the last one also when it has none."""
+    parts: list[bytes] = []
+    for block in blocks:
+        start = 0
+        while (newline := block.find(b"\n", start)) != -1:
+            parts.append(block[start:newline])
+            yield b"".join(parts)
+            parts, start = [], newline + 1
+        parts.append(block[start:])
+    if any(parts):
+        yield b"".join(parts)
 
 
 def _sharegpt_fixes(raw: list, messages: list[dict], fixes: dict) -> list[dict]:
@@ -273,9 +300,9 @@ def _sharegpt_fixes(raw: list, messages: list[dict], fixes: dict) -> list[dict]:
     return out
 
 
-def _iter_jsonl_bytes(data: bytes, where):
-    """(where, parsed object or None, error text) for each non-blank line of JSONL bytes."""
-    for number, raw in enumerate(data.split(b"\n"), start=1):
+def _iter_jsonl_lines(lines, where):
+    """(where, parsed object or None, error text) for each non-blank line of JSONL."""
+    for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
@@ -289,69 +316,132 @@ def _iter_jsonl_bytes(data: bytes, where):
             yield where(number), None, f"malformed JSON: {exc.msg} at column {exc.colno}"
 
 
-def _iter_json_array(path: Path, data: bytes):
+class _Text:
+    """Text of a UTF-8 byte stream, decoded a block at a time, with line and column bookkeeping
+    for a reader that moves forward through it (`buf[pos:]` is what is left to read)."""
+
+    def __init__(self, path: Path, blocks):
+        import codecs
+
+        self.path = path
+        self.blocks = iter(blocks)
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.buf, self.pos, self.eof = "", 0, False
+        self.line, self.col = 1, 1  # of buf[0]
+        self.counted = 0  # buf[:counted] is included in line_at's running count
+        self.counted_line = 1
+
+    def more(self) -> bool:
+        """Read the next block; False at the end of the stream."""
+        if self.eof:
+            return False
+        block = next(self.blocks, None)
+        try:
+            text = self.decoder.decode(block or b"", final=block is None)
+        except UnicodeDecodeError as exc:
+            line = self.line + self.buf.count("\n") + (block or b"").count(b"\n", 0, exc.start)
+            raise PromptFileError(
+                f"{self.path}: not valid UTF-8 at line {line} (byte 0x{exc.object[exc.start : exc.start + 1].hex()}); "
+                "the JSON array cannot be read"
+            ) from None
+        self.eof = block is None
+        if self.pos > BLOCK:  # drop what was read, keeping line and column of the new start
+            self.line_at(self.pos)
+            last = self.buf.rfind("\n", 0, self.pos)
+            self.col = self.pos - last if last != -1 else self.col + self.pos
+            self.line, self.counted, self.counted_line = self.counted_line, 0, self.counted_line
+            self.buf, self.pos = self.buf[self.pos :], 0
+        self.buf += text
+        return True
+
+    def skip_space(self) -> str:
+        """Move past whitespace; the next character, or "" at the end of the text."""
+        while True:
+            self.pos = WHITESPACE.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf) or not self.more():
+                return self.buf[self.pos : self.pos + 1]
+
+    def line_at(self, pos: int) -> int:
+        self.counted_line += self.buf.count("\n", self.counted, pos)
+        self.counted = pos
+        return self.counted_line
+
+    def where(self, pos: int) -> str:
+        """'line L column C' of a position in the buffer."""
+        line = self.line + self.buf.count("\n", 0, pos)
+        last = self.buf.rfind("\n", 0, pos)
+        col = pos - last if last != -1 else self.col + pos
+        return f"line {line} column {col}"
+
+
+WHITESPACE = re.compile(r"\s*")
+
+
+def _iter_json_array(path: Path, blocks):
     """Each element of a JSON array (pretty-printed or not), named by the line it starts on.
 
     A JSON array cannot be read past a broken element, so a malformed or truncated array fails the
-    whole file, naming where reading stopped."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise PromptFileError(
-            f"{path}: not valid UTF-8 at line {line} (byte 0x{data[exc.start]:02x}); the JSON array cannot be read"
-        ) from None
+    whole file (the tokenize job writes nothing), naming where reading stopped."""
     decoder = json.JSONDecoder()
-    ws = re.compile(r"\s*")
-    pos = ws.match(text, 0).end() + 1  # past "["
-    line, counted, n = 1, 0, 0
-    while True:
-        pos = ws.match(text, pos).end()
-        if pos < len(text) and text[pos] == "]" and n == 0:
-            pos += 1
-            break
-        try:
-            obj, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
+    text = _Text(path, blocks)
+    text.skip_space()
+    text.pos += 1  # past "["
+    n = 0
+    if text.skip_space() == "]":
+        text.pos += 1
+    else:
+        while True:
+            text.skip_space()
+            while True:
+                try:
+                    obj, end = decoder.raw_decode(text.buf, text.pos)
+                    if end < len(text.buf) or text.eof:  # a number at the block's end may go on
+                        break
+                except json.JSONDecodeError as exc:
+                    if text.eof:
+                        raise PromptFileError(
+                            f"{path}: the JSON array breaks off at {text.where(exc.pos)} ({exc.msg}) after {n} "
+                            "complete elements; nothing of the file was used"
+                        ) from None
+                text.more()
+            n += 1
+            yield f"{path}:{text.line_at(text.pos)}", obj, None
+            text.pos = end
+            following = text.skip_space()
+            if following == ",":
+                text.pos += 1
+                continue
+            if following == "]":
+                text.pos += 1
+                break
             raise PromptFileError(
-                f"{path}: the JSON array breaks off at line {exc.lineno} column {exc.colno} ({exc.msg}) after {n} "
-                "complete elements; nothing of the file was used"
-            ) from None
-        line += text.count("\n", counted, pos)
-        counted = pos
-        n += 1
-        yield f"{path}:{line}", obj, None
-        pos = ws.match(text, end).end()
-        if pos < len(text) and text[pos] == ",":
-            pos += 1
-            continue
-        if pos < len(text) and text[pos] == "]":
-            pos += 1
-            break
-        lineno = text.count("\n", 0, pos) + 1
+                f"{path}: the JSON array breaks off at {text.where(text.pos).split(' column')[0]} (expected ',' or "
+                f"']') after {n} complete elements; nothing of the file was used"
+            )
+    if text.skip_space():
         raise PromptFileError(
-            f"{path}: the JSON array breaks off at line {lineno} (expected ',' or ']') after {n} complete elements; "
-            "nothing of the file was used"
-        )
-    rest = ws.match(text, pos).end()
-    if rest < len(text):
-        raise PromptFileError(
-            f"{path}: text after the JSON array at line {text.count(chr(10), 0, rest) + 1}: {text[rest : rest + 20]!r}; "
-            "is it several arrays, or JSON lines?"
+            f"{path}: text after the JSON array at {text.where(text.pos).split(' column')[0]}: "
+            f"{text.buf[text.pos : text.pos + 20]!r}; is it several arrays, or JSON lines?"
         )
 
 
 def _iter_json_file(path: Path):
     """JSONL, or one JSON array (what ShareGPT-style files are), whatever the suffix says."""
-    data = _open_bytes(path)
-    first = data.lstrip()[:1]
+    blocks = _blocks(path)
+    head = b""
+    for block in blocks:
+        head += block
+        if head.lstrip():
+            break
+    first = head.lstrip()[:1]
+    stream = itertools.chain([head], blocks)
     if first == b"[":
-        yield from _iter_json_array(path, data)
+        yield from _iter_json_array(path, stream)
     elif first in (b"{", b""):
-        yield from _iter_jsonl_bytes(data, lambda number: f"{path}:{number}")
+        yield from _iter_jsonl_lines(_lines(stream), lambda number: f"{path}:{number}")
     else:
         raise PromptFileError(
-            f"{path}: neither JSON lines nor a JSON array: it starts with {data.lstrip()[:20]!r} (expected '{{' or '[')"
+            f"{path}: neither JSON lines nor a JSON array: it starts with {head.lstrip()[:20]!r} (expected '{{' or '[')"
         )
 
 
@@ -366,24 +456,33 @@ def _decode_json_columns(record: dict):
     return None
 
 
-def _iter_table(path: Path, table):
-    for number, record in enumerate(table.to_pylist(), start=1):
-        error = _decode_json_columns(record)
-        yield f"{path}:row {number}", None if error else record, error
+def _iter_columnar(path: Path):
+    """Rows of a Parquet or Arrow file, a record batch at a time."""
+    number = 0
+    for batch in _record_batches(path):
+        for record in batch.to_pylist():
+            number += 1
+            error = _decode_json_columns(record)
+            yield f"{path}:row {number}", None if error else record, error
 
 
-def _read_columnar(path: Path):
+def _record_batches(path: Path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         if path.suffix == ".parquet":
-            return pq.read_table(path)
+            yield from pq.ParquetFile(path).iter_batches(batch_size=1024)
+            return
         with pa.memory_map(str(path)) as source:  # `datasets` writes Arrow IPC streams
             try:
-                return pa.ipc.open_stream(source).read_all()
+                reader = pa.ipc.open_stream(source)
             except pa.ArrowInvalid:
-                return pa.ipc.open_file(source).read_all()
+                reader = pa.ipc.open_file(source)
+                for i in range(reader.num_record_batches):
+                    yield reader.get_batch(i)
+                return
+            yield from reader
     except Exception as exc:
         raise PromptFileError(f"{path}: cannot be read as {path.suffix[1:]}: {type(exc).__name__}: {exc}") from None
 
@@ -428,7 +527,7 @@ def iter_records(path: Path):
     if kind == "json":
         yield from _iter_json_file(path)
     elif kind == "columnar":
-        yield from _iter_table(path, _read_columnar(path))
+        yield from _iter_columnar(path)
     else:
         raise PromptFileError(
             f"{path}: unknown prompt file type; use .jsonl, .json (lines or one array), .parquet, .arrow, "
@@ -452,14 +551,20 @@ def _given_id(obj, options: ReadOptions, fallback: str) -> str:
 
 
 def read_prompts(path: str | Path, options: ReadOptions | None = None) -> list[PromptRow]:
-    """Every row of a prompt file, in file order; unusable rows carry a reason naming file, line, field.
+    """Every row of a prompt file as a list (`iter_prompts` streams them)."""
+    return list(iter_prompts(path, options))
+
+
+def iter_prompts(path: str | Path, options: ReadOptions | None = None) -> Iterator[PromptRow]:
+    """Every row of a prompt file, in file order, read as it goes; unusable rows carry a reason
+    naming file, line, field. Only ids and content hashes are remembered, for duplicates and dedup.
 
     Rows left out by `sample_fraction` or past `max_rows` are skipped rows too, with that reason."""
     options = options or ReadOptions()
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"prompts file {path} does not exist")
-    rows: list[PromptRow] = []
+    n = 0
     first_seen: dict[str, str] = {}
     first_content: dict[str, str] = {}
     taken = 0
@@ -470,18 +575,19 @@ def read_prompts(path: str | Path, options: ReadOptions | None = None) -> list[P
         if left_out is None and options.max_rows is not None and taken >= options.max_rows:
             left_out = f"past max_rows {options.max_rows}"
         if left_out is not None:
-            rows.append(
-                PromptRow(id=_given_id(obj, options, fallback_id), source=source, reason=f"{source}: {left_out}")
-            )
+            n += 1
+            yield PromptRow(id=_given_id(obj, options, fallback_id), source=source, reason=f"{source}: {left_out}")
             continue
         taken += 1
         if error is not None:
-            rows.append(PromptRow(id=fallback_id, source=source, reason=f"{source}: {error}"))
+            n += 1
+            yield PromptRow(id=fallback_id, source=source, reason=f"{source}: {error}")
             continue
         try:
             row = normalize_row(obj, source=source, options=options)
         except RowError as exc:
-            rows.append(PromptRow(id=_given_id(obj, options, fallback_id), source=source, reason=f"{source}: {exc}"))
+            n += 1
+            yield PromptRow(id=_given_id(obj, options, fallback_id), source=source, reason=f"{source}: {exc}")
             continue
         if row.id in first_seen:
             row.reason = f"{source}: field 'id': duplicate id {row.id!r} (first seen at {first_seen[row.id]})"
@@ -493,7 +599,7 @@ def read_prompts(path: str | Path, options: ReadOptions | None = None) -> list[P
                     row.reason = f"{source}: the same conversation as {first_content[content]!r} (dedup)"
                 else:
                     first_content[content] = row.id
-        rows.append(row)
-    if not rows:
+        n += 1
+        yield row
+    if not n:
         raise PromptFileError(f"prompts file {path} is empty: it holds no rows")
-    return rows

@@ -1,13 +1,20 @@
 """Parquet tables of the pipeline, with explicit Arrow schemas and run-level provenance in the metadata.
 
 Token ids are `list<int32>` everywhere, so that what a file holds is exactly what was generated.
+Steps read and write tables in bounded batches (`Batching`): a category of any size streams through
+a step's memory a batch at a time, never whole.
 """
 
+import itertools
 import json
 import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 IDS = pa.list_(pa.int32())
@@ -54,25 +61,172 @@ GENERATIONS_SCHEMA = pa.schema(
 PROVENANCE_KEY = b"eagle3_datagen.provenance"
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How many rows a step holds at once: at most `rows` rows and (beyond the first row) `tokens`
+    token ids. Every step reads, checks and writes a category in such batches, so its memory is
+    bounded by the batch, not by the category (config `batch`)."""
+
+    rows: int = 1024
+    tokens: int = 2_000_000
+
+    @classmethod
+    def from_config(cls, batch: dict | None = None) -> "Batching":
+        from .settings import defaults
+
+        return cls(**defaults("batch", **(batch or {})))
+
+
+DEFAULT_BATCHING = Batching()
+
+
+def _token_counts(batch: pa.RecordBatch) -> np.ndarray:
+    """Token ids per row of a record batch, over its list columns."""
+    counts = np.zeros(batch.num_rows, dtype=np.int64)
+    for column in batch.columns:
+        if pa.types.is_list(column.type):
+            counts += pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+    return counts
+
+
+def _slices(batch: pa.RecordBatch, batching: Batching):
+    """Split a record batch into consecutive slices of at most `batching.tokens` ids (one row at least)."""
+    counts = _token_counts(batch)
+    start, tokens = 0, 0
+    for i, n in enumerate(counts):
+        if i > start and tokens + n > batching.tokens:
+            yield batch.slice(start, i - start)
+            start, tokens = i, 0
+        tokens += n
+    if start < batch.num_rows:
+        yield batch.slice(start, batch.num_rows - start)
+
+
+def iter_record_batches(
+    path: str | Path, batching: Batching = DEFAULT_BATCHING, columns: list[str] | None = None
+) -> Iterator[pa.RecordBatch]:
+    """A table's rows as Arrow record batches, in order, each within `batching`."""
+    pf = pq.ParquetFile(path)
+    for batch in pf.iter_batches(batch_size=batching.rows, columns=columns):
+        yield from _slices(batch, batching)
+
+
+def iter_batches(
+    path: str | Path, batching: Batching = DEFAULT_BATCHING, columns: list[str] | None = None
+) -> Iterator[list[dict]]:
+    """A table's rows as lists of dicts, in order, each list within `batching`."""
+    for batch in iter_record_batches(path, batching, columns):
+        yield batch.to_pylist()
+
+
+def iter_rows(
+    path: str | Path, batching: Batching = DEFAULT_BATCHING, columns: list[str] | None = None
+) -> Iterator[dict]:
+    """A table's rows one by one, read a batch at a time."""
+    for rows in iter_batches(path, batching, columns):
+        yield from rows
+
+
+def paired_batches(
+    first: str | Path,
+    second: str | Path,
+    batching: Batching = DEFAULT_BATCHING,
+    first_columns: list[str] | None = None,
+    second_columns: list[str] | None = None,
+) -> Iterator[tuple[list[dict], list[dict]]]:
+    """Batches of two row-aligned tables side by side (a generations table and the prompts table it
+    was made from): each pair holds the same rows, by (id, sample_index), in the same order.
+    Tables out of step are an error, never a silent mismatch."""
+    others = iter_rows(second, batching, second_columns)
+    for rows in iter_batches(first, batching, first_columns):
+        partners = list(itertools.islice(others, len(rows)))
+        for a, b in itertools.zip_longest(rows, partners):
+            if b is None or (a["id"], a["sample_index"]) != (b["id"], b["sample_index"]):
+                theirs = "nothing" if b is None else f"{b['id']}.{b['sample_index']}"
+                raise ValueError(f"{first} row {a['id']}.{a['sample_index']} meets {theirs} in {second}: out of step")
+        yield rows, partners
+    extra = next(others, None)
+    if extra is not None:
+        raise ValueError(f"{second} holds rows past the end of {first} (from {extra['id']}.{extra['sample_index']})")
+
+
+def count_rows(path: str | Path) -> int:
+    return pq.read_metadata(path).num_rows
+
+
+class TableWriter:
+    """Rows written to Parquet a batch at a time, atomically (a temp file renamed at `close`), with
+    the provenance added at the end, when all of it is known. A writer left by an exception removes
+    its temp file: a killed or failed job never leaves a half table."""
+
+    def __init__(self, path: str | Path, schema: pa.Schema, batching: Batching = DEFAULT_BATCHING):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.schema = schema
+        self.batching = batching
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self._list_columns = [f.name for f in schema if pa.types.is_list(f.type)]
+        self._writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
+        self._buffer: list[dict] = []
+        self._buffered_tokens = 0
+        self._closed = False
+        self.rows = 0
+
+    def write(self, rows: Iterable[dict]) -> None:
+        for row in rows:
+            self.write_row(row)
+
+    def write_row(self, row: dict) -> None:
+        self._buffer.append(row)
+        self._buffered_tokens += sum(len(row.get(name) or ()) for name in self._list_columns)
+        self.rows += 1
+        if len(self._buffer) >= self.batching.rows or self._buffered_tokens >= self.batching.tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._buffer:
+            self._writer.write_table(pa.Table.from_pylist(self._buffer, schema=self.schema))
+            self._buffer, self._buffered_tokens = [], 0
+
+    def close(self, provenance: dict | None = None) -> None:
+        self.flush()
+        if provenance is not None:
+            self._writer.add_key_value_metadata({PROVENANCE_KEY: json.dumps(provenance, sort_keys=True).encode()})
+        self._writer.close()
+        os.replace(self.tmp, self.path)
+        self._closed = True
+
+    def discard(self) -> None:
+        self._writer.close()
+        self.tmp.unlink(missing_ok=True)
+        self._closed = True
+
+    def __enter__(self) -> "TableWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """On an exception the temp file goes; otherwise a table not yet closed is closed as it is."""
+        if self._closed:
+            return
+        if exc_type is not None:
+            self.discard()
+        else:
+            self.close()
+
+
 def write_table(rows: list[dict], schema: pa.Schema, path: str | Path, provenance: dict | None = None) -> None:
     """Write rows atomically (temp file, then rename) so a killed job never leaves a half file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist(rows, schema=schema)
-    if provenance is not None:
-        meta = dict(schema.metadata or {})
-        meta[PROVENANCE_KEY] = json.dumps(provenance, sort_keys=True).encode("utf-8")
-        table = table.replace_schema_metadata(meta)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
+    with TableWriter(path, schema) as writer:
+        writer.write(rows)
+        writer.close(provenance)
 
 
 def read_rows(path: str | Path) -> list[dict]:
+    """A whole table as dicts: for small tables and tests; the steps stream (`iter_batches`)."""
     return pq.read_table(path).to_pylist()
 
 
 def read_provenance(path: str | Path) -> dict:
-    meta = pq.read_schema(path).metadata or {}
+    meta = pq.read_metadata(path).metadata or {}
     blob = meta.get(PROVENANCE_KEY)
     return json.loads(blob) if blob else {}

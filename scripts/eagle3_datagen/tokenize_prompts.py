@@ -9,11 +9,13 @@ import json
 import logging
 import re
 import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from .prompts import PromptRow, ReadOptions, read_prompts
+from .prompts import PromptRow, ReadOptions, iter_prompts
 from .settings import Budget, ModelProfile, stable_hash
-from .tables import PROMPTS_SCHEMA, write_table
+from .tables import PROMPTS_SCHEMA, Batching, TableWriter
 from .templating import CONTROL_TOKEN_POLICY, ChatTokenizer, load_tokenizer, output_budget, token_facts
 
 log = logging.getLogger(__name__)
@@ -35,52 +37,112 @@ def tokenize_prompts(
     on_bad_rows: str,
     allow_empty: bool = False,
     reading: dict | None = None,
+    batch: dict | None = None,
 ) -> None:
-    """Tokenize one category's prompt file `source` into the prompts table `prompts`."""
+    """Tokenize one category's prompt file `source` into the prompts table `prompts`, a batch at a time."""
     profile = ModelProfile.from_config(model)
     tokenizer = load_tokenizer(profile)
-    rows = read_prompts(source, ReadOptions(**(reading or {})))
-    for row in rows:
-        if not row.ok:
-            log.warning("skipped: %s", row.reason)
-    table = build_prompt_rows(
-        rows,
-        ChatTokenizer(tokenizer, profile),
-        profile=profile,
-        budget=Budget(**budget),
-        category=category,
-        samples_per_prompt=samples_per_prompt,
-        base_seed=seed,
+    chat = ChatTokenizer(tokenizer, profile)
+    batching = Batching.from_config(batch)
+    tally = Tally()
+    started = time.perf_counter()
+    with TableWriter(prompts, PROMPTS_SCHEMA, batching) as writer:
+        for rows in input_batches(iter_prompts(source, ReadOptions(**(reading or {}))), batching):
+            for row in rows:
+                if not row.ok:
+                    log.warning("skipped: %s", row.reason)
+            table = build_prompt_rows(
+                rows,
+                chat,
+                profile=profile,
+                budget=Budget(**budget),
+                category=category,
+                samples_per_prompt=samples_per_prompt,
+                base_seed=seed,
+            )
+            tally.add(rows, table)
+            writer.write(table)
+        if tally.skipped and tally.skipped == tally.rows and not allow_empty:
+            raise BadRows(
+                f"{source}: none of its {tally.rows} rows can be used (set allow_empty_categories: true to let a "
+                f"category end empty). Rows per reason:\n  "
+                + "\n  ".join(f"{n} x {why}" for why, n in tally.reasons.most_common(10))
+            )
+        if tally.skipped and on_bad_rows == "fail":
+            listing = "\n  ".join(tally.first_skipped) + (
+                f"\n  ... and {tally.skipped - len(tally.first_skipped)} more"
+                if tally.skipped > len(tally.first_skipped)
+                else ""
+            )
+            raise BadRows(
+                f"{tally.skipped} of {tally.rows} rows of {source} cannot be used (on_bad_rows: fail):\n  {listing}"
+            )
+        params = {
+            "model": model,
+            "budget": budget,
+            "samples_per_prompt": samples_per_prompt,
+            "seed": seed,
+            "on_bad_rows": on_bad_rows,
+            "allow_empty": allow_empty,
+            "reading": reading,
+        }
+        provenance = {
+            "prompts_file": str(source),
+            **token_facts(tokenizer, profile),
+            "control_token_policy": CONTROL_TOKEN_POLICY,
+            "normalization": tally.normalization,
+            "params": params,
+        }
+        writer.close(provenance)
+    elapsed = time.perf_counter() - started
+    log.info(
+        "%s: %d rows, %d usable, %d prompt tokens in %.2f s (%.0f rows/s)",
+        category,
+        tally.rows,
+        tally.rows - tally.skipped,
+        tally.prompt_tokens,
+        elapsed,
+        tally.rows / elapsed if elapsed > 0 else 0.0,
     )
-    skipped = [r["reason"] for r in table if r["status"] == "skipped" and r["sample_index"] == 0]
-    if skipped and len(skipped) == len(rows) and not allow_empty:
-        raise BadRows(
-            f"{source}: none of its {len(rows)} rows can be used (set allow_empty_categories: true to let a "
-            f"category end empty). Rows per reason:\n  "
-            + "\n  ".join(f"{n} x {why}" for why, n in reason_counts(skipped))
-        )
-    if skipped and on_bad_rows == "fail":
-        listing = "\n  ".join(skipped[:50]) + (f"\n  ... and {len(skipped) - 50} more" if len(skipped) > 50 else "")
-        raise BadRows(
-            f"{len(skipped)} of {len(rows)} rows of {source} cannot be used (on_bad_rows: fail):\n  {listing}"
-        )
-    params = {
-        "model": model,
-        "budget": budget,
-        "samples_per_prompt": samples_per_prompt,
-        "seed": seed,
-        "on_bad_rows": on_bad_rows,
-        "allow_empty": allow_empty,
-        "reading": reading,
-    }
-    provenance = {
-        "prompts_file": str(source),
-        **token_facts(tokenizer, profile),
-        "control_token_policy": CONTROL_TOKEN_POLICY,
-        "normalization": normalization_counts(rows),
-        "params": params,
-    }
-    write_table(table, PROMPTS_SCHEMA, prompts, provenance)
+
+
+class Tally:
+    """What a category's batches added up to: rows, skips per reason, normalization counts."""
+
+    FIRST = 50
+
+    def __init__(self):
+        self.rows = self.skipped = self.prompt_tokens = 0
+        self.reasons: Counter = Counter()
+        self.first_skipped: list[str] = []
+        self.normalization: dict[str, int] = {}
+
+    def add(self, rows: list[PromptRow], table: list[dict]) -> None:
+        self.rows += len(rows)
+        for kind, n in normalization_counts(rows).items():
+            self.normalization[kind] = self.normalization.get(kind, 0) + n
+        for r in table:
+            self.prompt_tokens += r["n_prompt_tokens"]
+            if r["status"] == "skipped" and r["sample_index"] == 0:
+                self.skipped += 1
+                self.reasons[reason_kind(r["reason"])] += 1
+                if len(self.first_skipped) < self.FIRST:
+                    self.first_skipped.append(r["reason"])
+
+
+def input_batches(rows: Iterable[PromptRow], batching: Batching) -> Iterator[list[PromptRow]]:
+    """Prompt rows in batches of at most `batching.rows` rows and about `batching.tokens` tokens
+    (counted, before tokenizing, as a quarter of the characters)."""
+    batch: list[PromptRow] = []
+    chars = 0
+    for row in rows:
+        batch.append(row)
+        chars += sum(len(str(m.get("content") or "")) for m in row.messages or ())
+        if len(batch) >= batching.rows or chars >= 4 * batching.tokens:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
 
 
 def row_seed(base_seed: int, row_id: str, sample_index: int) -> int:
@@ -98,12 +160,9 @@ def normalization_counts(rows: list[PromptRow]) -> dict:
     return counts
 
 
-def reason_counts(reasons: list[str]) -> list[tuple[str, int]]:
-    """Skip reasons without their file and line ("f.jsonl:12: field 'id': ..."), most common first."""
-    from collections import Counter
-
-    kinds = Counter(re.sub(r"^\S+?:(row )?\d+: ", "", reason)[:120] for reason in reasons)
-    return kinds.most_common(10)
+def reason_kind(reason: str) -> str:
+    """A skip reason without its file and line ("f.jsonl:12: field 'id': ...")."""
+    return re.sub(r"^\S+?:(row )?\d+: ", "", reason)[:120]
 
 
 def build_prompt_rows(
@@ -117,7 +176,6 @@ def build_prompt_rows(
     base_seed: int = 0,
 ) -> list[dict]:
     """Prompt table rows: one per (id, sample_index); skipped rows keep their reason."""
-    started = time.perf_counter()
     usable = [r for r in rows if r.ok]
     tokenized = chat.tokenize([r.messages for r in usable], [r.tools for r in usable])
     by_id = dict(zip((id(r) for r in usable), tokenized))
@@ -153,14 +211,4 @@ def build_prompt_rows(
                     "reason": reason or "",
                 }
             )
-    elapsed = time.perf_counter() - started
-    log.info(
-        "%s: %d rows, %d usable, %d prompt tokens in %.2f s (%.0f prompts/s)",
-        category,
-        len(rows),
-        sum(r["status"] == "ok" for r in out),
-        sum(r["n_prompt_tokens"] for r in out),
-        elapsed,
-        len(usable) / elapsed if elapsed > 0 else 0.0,
-    )
     return out

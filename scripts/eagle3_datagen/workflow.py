@@ -99,6 +99,7 @@ PARAMS = {
     "export": lambda config, category: config["export"],
     "categories": lambda config, category: list(load_sheet(config["categories"])["category"]),
     "demo_model": lambda config, category: config["demo_model"],
+    "batch": lambda config, category: dict(config["batch"]),
 }
 
 

@@ -24,7 +24,7 @@ def gen(i, *, status="ok", finish="stop", output=(5, 6, 7), error=""):
 def test_rows_hold_prompt_plus_output_and_mask_only_the_output(tmp_path):
     rows = [gen(1), gen(2, output=(9,) * 10, finish="length")]
     counts = export_category(
-        rows,
+        [rows[:1], rows[1:]],  # two batches
         Filters.from_config(),
         jsonl=tmp_path / "c.jsonl",
         parquet=tmp_path / "c.parquet",

@@ -182,7 +182,7 @@ def test_assemble_keeps_prompt_order_and_every_reason(make_prompts):
         },
         ("r-001", 0): {"status": "ok", "output_ids": [6], "finish_type": "length", "attempts": 2},
     }
-    rows = assemble(prompt_rows, results, template)
+    rows = list(assemble(prompt_rows, lambda req: results.get(req.key), template))
     assert [(r["id"], r["status"]) for r in rows] == [
         ("r-000", "ok"),
         ("r-001", "ok"),
@@ -192,4 +192,4 @@ def test_assemble_keeps_prompt_order_and_every_reason(make_prompts):
     assert rows[2]["error"] == "HTTP 400: too long" and "field 'messages'" in rows[3]["error"]
     assert json.loads(rows[0]["sampling"]) == SAMPLING
     with pytest.raises(RuntimeError, match="has no result"):
-        assemble(prompt_rows, {}, template)
+        list(assemble(prompt_rows, lambda req: None, template))

@@ -10,6 +10,7 @@ from eagle3_datagen.plan_generation import (
     open_journal,
     plan_generation,
     preview_generation,
+    requests_to_send,
     shard_of,
     shard_rows,
 )
@@ -27,11 +28,13 @@ def template_for(prompts, model, sampling=SAMPLING):
 def test_the_plan_sends_usable_rows_and_counts_the_rest(make_prompts, tmp_path):
     rows = conversations(5) + [{"id": "bad", "messages": []}]
     prompts, model = make_prompts(rows)
-    plan = make_plan(read_rows(prompts), template_for(prompts, model), Journal(tmp_path / "j.jsonl"))
-    assert [r.id for r in plan.to_send] == [f"r-{i:03d}" for i in range(5)]
-    assert plan.skipped == 1 and plan.reused == {}
+    template, journal = template_for(prompts, model), Journal(tmp_path / "j.jsonl")
+    plan = make_plan(read_rows(prompts), template, journal)
+    to_send = list(requests_to_send(read_rows(prompts), template, journal))
+    assert [r.id for r in to_send] == [f"r-{i:03d}" for i in range(5)]
+    assert plan.skipped == 1 and plan.reused == 0
     summary = plan.summary()
-    assert summary["to_send"] == 5 and summary["prompt_tokens_to_send"] == sum(len(r.prompt_ids) for r in plan.to_send)
+    assert summary["to_send"] == 5 and summary["prompt_tokens_to_send"] == sum(len(r.prompt_ids) for r in to_send)
     assert summary["max_new_tokens_to_send"] == 5 * 32
 
 
@@ -39,37 +42,43 @@ def test_journalled_rows_are_reused_only_for_the_same_request(make_prompts, tmp_
     prompts, model = make_prompts(conversations(4))
     template = template_for(prompts, model)
     journal = Journal(tmp_path / "j.jsonl")
-    first = make_plan(read_rows(prompts), template, journal)
-    done = first.to_send[1]
+    first = list(requests_to_send(read_rows(prompts), template, journal))
+    done = first[1]
     journal.append(
         {"id": done.id, "sample_index": 0, "fingerprint": done.fingerprint, "status": "ok", "output_ids": [1, 2]}
     )
     journal.append(
         {
-            "id": first.to_send[2].id,
+            "id": first[2].id,
             "sample_index": 0,
-            "fingerprint": first.to_send[2].fingerprint,
+            "fingerprint": first[2].fingerprint,
             "status": "failed",
             "error": "x",
         }
     )
     again = make_plan(read_rows(prompts), template, journal)
-    assert set(again.reused) == {(done.id, 0)} and len(again.to_send) == 3  # a failed row is sent again
+    resent = [r.id for r in requests_to_send(read_rows(prompts), template, journal)]
+    assert again.reused == 1 and again.to_send == 3 and done.id not in resent  # a failed row is sent again
+    assert first[2].id in resent
     # Another temperature is another request: nothing is reused.
     other = make_plan(read_rows(prompts), template_for(prompts, model, {**SAMPLING, "temperature": 0.2}), journal)
-    assert other.reused == {} and len(other.to_send) == 4
+    assert other.reused == 0 and other.to_send == 4
 
 
 def test_the_fingerprint_follows_prompt_seed_and_model(make_prompts):
     prompts, model = make_prompts(conversations(2))
     rows = read_rows(prompts)
-    base = make_plan(rows, template_for(prompts, model), None).to_send
+
+    def sent(rows, model):
+        return list(requests_to_send(rows, template_for(prompts, model), None))
+
+    base = sent(rows, model)
     assert base[0].fingerprint != base[1].fingerprint
-    renamed = make_plan(rows, template_for(prompts, {**model, "name": "other"}), None).to_send
+    renamed = sent(rows, {**model, "name": "other"})
     assert renamed[0].fingerprint != base[0].fingerprint
     reseeded = [dict(r, seed=r["seed"] + 1) for r in rows]
-    assert make_plan(reseeded, template_for(prompts, model), None).to_send[0].fingerprint != base[0].fingerprint
-    assert make_plan(rows, template_for(prompts, model), None).to_send[0].fingerprint == base[0].fingerprint
+    assert sent(reseeded, model)[0].fingerprint != base[0].fingerprint
+    assert sent(rows, model)[0].fingerprint == base[0].fingerprint
 
 
 def test_the_template_comes_from_the_token_facts_without_a_tokenizer(make_prompts):

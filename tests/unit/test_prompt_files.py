@@ -206,3 +206,39 @@ def test_dedup_sends_a_repeated_conversation_once_and_names_what_it_repeats(tmp_
     assert [r.ok for r in read] == [True, True, False] and read[2].reason.endswith(
         "the same conversation as 'a' (dedup)"
     )
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, 1 << 20])
+def test_a_json_array_streams_through_small_blocks_with_the_same_rows_and_lines(tmp_path, monkeypatch, block):
+    """Blocks smaller than one element, numbers cut at a block's end, multi-byte characters split
+    across blocks and the buffer's compaction give the rows and lines of a whole-file read."""
+    from eagle3_datagen import prompts
+
+    conversations = [
+        {"id": 10**i, "conversations": [{"from": "human", "value": f"Frage {i}: café ✓ {'x' * (i * 13)}"}]}
+        for i in range(12)
+    ]
+    path = tmp_path / "stream.json"
+    path.write_text(json.dumps(conversations, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    expected = read_prompts(path)
+    monkeypatch.setattr(prompts, "BLOCK", block)
+    rows = read_prompts(path)
+    assert [(r.id, r.source, r.messages) for r in rows] == [(e.id, e.source, e.messages) for e in expected]
+    assert [r.id for r in rows] == [str(10**i) for i in range(12)]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert all(lines[int(r.source.rsplit(":", 1)[1]) - 1].strip() == "{" for r in rows)
+    cut = tmp_path / "cut.json"
+    cut.write_text(path.read_text(encoding="utf-8")[:-60], encoding="utf-8")
+    with pytest.raises(PromptFileError, match=r"breaks off at line \d+ column \d+ .* after 11 complete elements"):
+        read_prompts(cut)
+
+
+def test_jsonl_lines_longer_than_a_block_and_a_last_line_without_newline(tmp_path, monkeypatch):
+    from eagle3_datagen import prompts
+
+    monkeypatch.setattr(prompts, "BLOCK", 5)
+    path = tmp_path / "long.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in SHAREGPT) + "\n\n" + json.dumps(BROKEN))
+    rows = read_prompts(path)
+    assert ids(rows) == [(f"sg-{i}", True) for i in range(4)] + [("sg-bad", False)]
+    assert [r.source.rsplit(":", 1)[1] for r in rows] == ["1", "2", "3", "4", "6"]

@@ -1,0 +1,196 @@
+"""Every step streams a category through bounded batches: the same input gives the same outputs
+whatever the batch size (one row at a time included), and tables out of step are refused."""
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import QWEN3_MODEL, conversations
+from eagle3_datagen.check_parsers import check_parsers
+from eagle3_datagen.check_sequences import check_sequences
+from eagle3_datagen.engine.backends import ScriptedBackend
+from eagle3_datagen.export_dataset import export_dataset, merge_dataset
+from eagle3_datagen.figures import plot_checks
+from eagle3_datagen.generate import generate, merge_shards
+from eagle3_datagen.settings import defaults
+from eagle3_datagen.summarize import summarize
+from eagle3_datagen.tables import (
+    GENERATIONS_SCHEMA,
+    Batching,
+    TableWriter,
+    iter_batches,
+    paired_batches,
+    read_provenance,
+    read_rows,
+    write_table,
+)
+from eagle3_datagen.tokenize_prompts import tokenize_prompts
+from engine_thread import running_engine
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+CLIENT = {"concurrency": 4, "max_retries": 1, "backoff_initial_s": 0.01, "backoff_max_s": 0.02}
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+SHARDS = 2
+
+
+def prompt_file(path):
+    rows = conversations(9)
+    rows[3]["tools"] = TOOLS
+    rows += [{"id": "bad", "messages": "not a list"}, dict(conversations(2)[1])]  # a bad row, a duplicate id
+    rows += [{"id": "long", "messages": [{"role": "user", "content": "word " * 3000}]}]  # over the context
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def run_pipeline(root, tokenizer_dir, engine_url, batch):
+    """Every local step and the generate job of two categories, in-process, with `batch`."""
+    model = defaults("model", **{**QWEN3_MODEL, "tokenizer": str(tokenizer_dir), "context_length": 2048})
+    engine = defaults("engine", kind="external", external={"urls": [engine_url]})
+    out = {}
+    for category in ("alpha", "beta"):
+        prompts = root / "prompts" / f"{category}.parquet"
+        tokenize_prompts(
+            source=prompt_file(root.parent / f"{category}.jsonl"),
+            prompts=prompts,
+            category=category,
+            model=model,
+            budget={"max_new_tokens": 24, "min_new_tokens": 4, "reserve_tokens": 2},
+            samples_per_prompt=2,
+            seed=7,
+            on_bad_rows="quarantine",
+            batch=batch,
+        )
+        shard_files = [root / "generations" / category / f"shard_{n}.parquet" for n in range(SHARDS)]
+        for n, shard_file in enumerate(shard_files):
+            generate(
+                prompts=prompts,
+                shard_generations=shard_file,
+                server_log=root / "server.log",
+                category=category,
+                shard=n,
+                model=model,
+                sampling=SAMPLING,
+                engine=engine,
+                client=CLIENT,
+                max_failed_share=0.0,
+                cache_dir=str(root.parent / "cache"),  # shared: the second run sends nothing
+                shards=SHARDS,
+            )
+        generations = root / "generations" / f"{category}.parquet"
+        merge_shards(prompts=prompts, shard_generations=shard_files, generations=generations, batch=batch)
+        check_sequences(
+            generations=generations,
+            prompts=prompts,
+            sequence_report=root / "checks" / f"{category}.json",
+            model=model,
+            batch=batch,
+        )
+        check_parsers(
+            generations=generations,
+            prompts=prompts,
+            verdicts=root / "checks" / f"{category}.verdicts.parquet",
+            verdict_counts=root / "checks" / f"{category}.verdicts.json",
+            model=model,
+            batch=batch,
+        )
+        export_dataset(
+            generations=generations,
+            dataset=root / "dataset" / f"{category}.jsonl",
+            dataset_parquet=root / "dataset" / f"{category}.parquet",
+            rejected=root / "dataset" / f"{category}.rejected.jsonl",
+            export={"filters": {"drop_truncated": True, "min_loss_tokens": 1}},
+            batch=batch,
+        )
+        out[category] = generations
+    categories = list(out)
+    merge_dataset(dataset=[root / "dataset" / f"{c}.jsonl" for c in categories], train=root / "train.jsonl")
+    summarize(
+        categories=categories,
+        generations=list(out.values()),
+        rejected=[root / "dataset" / f"{c}.rejected.jsonl" for c in categories],
+        summary=root / "summary.tsv",
+        lengths_png=root / "lengths.png",
+        batch=batch,
+    )
+    plot_checks(
+        categories=categories,
+        verdicts=[root / "checks" / f"{c}.verdicts.parquet" for c in categories],
+        generations=list(out.values()),
+        verdicts_png=root / "verdicts.png",
+        token_share_png=root / "token_share.png",
+        finish_reasons_png=root / "finish_reasons.png",
+        batch=batch,
+    )
+    return root
+
+
+def tables_of(root):
+    return {p.relative_to(root): p for p in sorted(root.rglob("*.parquet"))}
+
+
+def texts_of(root):
+    return {
+        p.relative_to(root): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.suffix in (".jsonl", ".tsv", ".json", ".png")
+    }
+
+
+def test_every_step_gives_the_same_outputs_one_row_at_a_time(tmp_path, qwen3_tokenizer_dir):
+    with running_engine(ScriptedBackend(str(qwen3_tokenizer_dir)), context_length=2048) as url:
+        whole = run_pipeline(tmp_path / "whole", qwen3_tokenizer_dir, url, None)
+        tiny = run_pipeline(tmp_path / "tiny", qwen3_tokenizer_dir, url, {"rows": 1, "tokens": 1})
+    rows = read_rows(whole / "generations" / "alpha.parquet")
+    assert {r["status"] for r in rows} == {"ok", "skipped"} and len(rows) == 24  # 12 rows x 2 samples
+    # Merged in prompt order, the duplicate id included, where the prompts table has it.
+    prompt_keys = [(r["id"], r["sample_index"]) for r in read_rows(whole / "prompts" / "alpha.parquet")]
+    assert [(r["id"], r["sample_index"]) for r in rows] == prompt_keys
+    expected_texts = texts_of(whole)
+    assert len(expected_texts) >= 12
+    assert texts_of(tiny) == expected_texts  # JSONL, summary, reports and figures byte for byte
+    for name, path in tables_of(whole).items():
+        theirs = tables_of(tiny)[name]
+        assert pq.read_table(theirs).equals(pq.read_table(path)), name
+    # Batches of one row write one row group per row: the batches really were small.
+    assert pq.read_metadata(tiny / "generations" / "alpha.parquet").num_row_groups == len(rows)
+
+
+def test_batches_keep_to_rows_and_tokens_and_the_first_row_always_fits(tmp_path):
+    rows = [
+        {"id": str(i), "sample_index": 0, "prompt_ids": [1] * (i % 3), "output_ids": [2] * (i if i > 20 else 1)}
+        for i in range(40)
+    ]
+    path = tmp_path / "g.parquet"
+    write_table(rows, GENERATIONS_SCHEMA, path)
+    batching = Batching(rows=8, tokens=30)
+    batches = list(iter_batches(path, batching))
+    assert [r["id"] for b in batches for r in b] == [str(i) for i in range(40)]
+    for b in batches:
+        tokens = sum(len(r["prompt_ids"]) + len(r["output_ids"]) for r in b)
+        assert len(b) <= 8 and (tokens <= 30 or len(b) == 1)
+    assert max(len(b) for b in batches) == 8  # short rows: cut by the row count
+    assert any(len(b) == 1 for b in batches) and sum(len(b) for b in batches) == 40  # long ones: by tokens
+
+
+def test_a_writer_left_by_an_error_leaves_no_table(tmp_path):
+    path = tmp_path / "out.parquet"
+    with pytest.raises(RuntimeError), TableWriter(path, GENERATIONS_SCHEMA, Batching(rows=2)) as writer:
+        writer.write({"id": str(i), "sample_index": 0} for i in range(5))
+        raise RuntimeError("the job failed")
+    assert not path.exists() and not list(tmp_path.iterdir())
+    with TableWriter(path, GENERATIONS_SCHEMA, Batching(rows=2)) as writer:
+        writer.write({"id": str(i), "sample_index": 0} for i in range(5))
+        writer.close({"known": "at the end"})
+    assert read_provenance(path) == {"known": "at the end"} and len(read_rows(path)) == 5
+
+
+def test_tables_out_of_step_are_refused(tmp_path):
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    write_table([{"id": i, "sample_index": 0} for i in "xyz"], GENERATIONS_SCHEMA, a)
+    write_table([{"id": i, "sample_index": 0} for i in "xzy"], GENERATIONS_SCHEMA, b)
+    with pytest.raises(ValueError, match="row y.0 meets z.0 .* out of step"):
+        list(paired_batches(a, b, Batching(rows=2)))
+    write_table([{"id": i, "sample_index": 0} for i in "xyzw"], GENERATIONS_SCHEMA, b)
+    with pytest.raises(ValueError, match="past the end"):
+        list(paired_batches(a, b))
