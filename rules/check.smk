@@ -6,6 +6,8 @@ rule check_sequences:
         sequence_report=P["sequence_report"],
     log:
         "logs/check_sequences/{category}.log",
+    benchmark:
+        "benchmarks/check_sequences/{category}.tsv"
     localrule: True
     conda:
         "../envs/pipeline.yaml"

@@ -9,6 +9,8 @@ rule export_dataset:
         rejected=P["rejected"],
     log:
         "logs/export_dataset/{category}.log",
+    benchmark:
+        "benchmarks/export_dataset/{category}.tsv"
     localrule: True
     conda:
         "../envs/pipeline.yaml"
@@ -26,6 +28,8 @@ rule merge_dataset:
         train=P["train"],
     log:
         "logs/merge_dataset.log",
+    benchmark:
+        "benchmarks/merge_dataset.tsv"
     localrule: True
     conda:
         "../envs/pipeline.yaml"

@@ -6,6 +6,8 @@ rule plan_generation:
         plan=P["plan"],
     log:
         "logs/plan_generation/{category}/shard_{shard}.log",
+    benchmark:
+        "benchmarks/plan_generation/{category}/shard_{shard}.tsv"
     localrule: True
     conda:
         "../envs/pipeline.yaml"
@@ -27,6 +29,8 @@ rule preview_generation:
         preview=P["preview"],
     log:
         "logs/preview_generation.log",
+    benchmark:
+        "benchmarks/preview_generation.tsv"
     localrule: True
     conda:
         "../envs/pipeline.yaml"
@@ -73,6 +77,8 @@ rule merge_shards:
         generations=P["generations"],
     log:
         "logs/merge_shards/{category}.log",
+    benchmark:
+        "benchmarks/merge_shards/{category}.tsv"
     localrule: True
     conda:
         "../envs/pipeline.yaml"

@@ -15,6 +15,8 @@ rule summarize:
         ),
     log:
         "logs/summarize.log",
+    benchmark:
+        "benchmarks/summarize.tsv"
     localrule: True
     conda:
         "../envs/pipeline.yaml"
@@ -47,6 +49,8 @@ rule plot_checks:
         ),
     log:
         "logs/plot_checks.log",
+    benchmark:
+        "benchmarks/plot_checks.tsv"
     localrule: True
     conda:
         "../envs/pipeline.yaml"

@@ -50,7 +50,7 @@ from . import parsers
 from .check_sequences import PROMPT_COLUMNS
 from .settings import ModelProfile
 from .tables import Batching, TableWriter, paired_batches
-from .templating import ChatTokenizer, group_by_tools, load_tokenizer, token_id, token_ids
+from .templating import ChatTokenizer, batch_decode, group_by_tools, load_tokenizer, token_id, token_ids
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +250,7 @@ def check_rows(
     for skip in (True, False):
         idx = [i for i, t in enumerate(tools_list) if bool(t) != skip]
         if idx:
-            for i, text in zip(idx, tokenizer.batch_decode([trimmed[i] for i in idx], skip_special_tokens=skip)):
+            for i, text in zip(idx, batch_decode(tokenizer, [trimmed[i] for i in idx], skip_special_tokens=skip)):
                 texts[i] = text
 
     # 2.-3. parse, rebuild, render per group of identical tools, encode in one batch per group.

@@ -13,6 +13,8 @@ once with its traceback and re-raised, so the job fails.
 import argparse
 import inspect
 import logging
+import resource
+import time
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -28,11 +30,30 @@ def run(step: Callable, snakemake: Any = None, argv: list[str] | None = None) ->
         kwargs = from_snakemake(step, snakemake)
     else:
         kwargs = from_command_line(step, argv)
+    log = logging.getLogger(step.__name__)
+    started = time.perf_counter()
     try:
-        return step(**kwargs)
+        result = step(**kwargs)
     except Exception:
-        logging.getLogger(step.__name__).exception("%s failed", step.__name__)
+        log.exception("%s failed", step.__name__)
         raise
+    log.info("%s done in %.1f s, %s", step.__name__, time.perf_counter() - started, peak_rss())
+    return result
+
+
+def peak_rss() -> str:
+    """This process's peak resident memory (and its finished children's, such as a local engine).
+
+    Linux's VmHWM is this process's own high-water mark; getrusage's ru_maxrss would also count
+    the parent's memory at the fork (Snakemake's), so it is only the fallback."""
+    try:
+        status = Path("/proc/self/status").read_text()
+        own = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 1024
+    except (OSError, StopIteration, ValueError):
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    text = f"peak RSS {own:.0f} MB"
+    return text + (f" (largest child process {children:.0f} MB)" if children else "")
 
 
 def _parameters(step: Callable) -> list[inspect.Parameter]:

@@ -214,3 +214,31 @@ def test_the_tokenizer_loads_as_autotokenizer_would_without_torch(which, qwen3, 
         [sys.executable, "-c", probe], capture_output=True, text=True, env={"PYTHONPATH": ":".join(sys.path)}
     )
     assert done.stdout.strip() == "False", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("fixture_name", ["qwen3", "kimi", "kimi_tiktoken"])
+def test_batch_decode_is_the_tokenizers_own(request, fixture_name):
+    """The backend's decode_batch where it is exact, the tokenizer's own path elsewhere: the same
+    text for random ids, special and added tokens included, skipped or not."""
+    import random
+
+    from eagle3_datagen.templating import _plain_fast_decode, batch_decode
+
+    if fixture_name == "kimi_tiktoken":
+        tok = AutoTokenizer.from_pretrained(str(request.getfixturevalue("kimi_tiktoken_dir")), trust_remote_code=True)
+    else:
+        tok = request.getfixturevalue(fixture_name)[0]
+    assert _plain_fast_decode(type(tok)) == (fixture_name != "kimi_tiktoken")
+    rng = random.Random(0)
+    special = list(tok.all_special_ids) + tok.convert_tokens_to_ids(["<think>", "</think>"])
+    sequences = [
+        [
+            rng.choice(special) if rng.random() < 0.1 else rng.randrange(len(tok) - 300)
+            for _ in range(rng.randint(0, 400))
+        ]
+        for _ in range(30)
+    ]
+    for skip in (True, False):
+        assert batch_decode(tok, sequences, skip_special_tokens=skip) == [
+            tok.decode(s, skip_special_tokens=skip) for s in sequences
+        ]
