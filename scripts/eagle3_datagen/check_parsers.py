@@ -49,7 +49,7 @@ from pathlib import Path
 from . import parsers
 from .check_sequences import PROMPT_COLUMNS
 from .settings import ModelProfile
-from .tables import Batching, TableWriter, paired_batches
+from .tables import Batching, TableWriter, count_rows, logged, paired_batches
 from .templating import ChatTokenizer, batch_decode, group_by_tools, load_tokenizer, token_id, token_ids
 
 log = logging.getLogger(__name__)
@@ -367,7 +367,8 @@ def check_parsers(
     }
     tally: Counter = Counter()
     with TableWriter(verdicts, verdict_schema(), batching) as writer:
-        for gens, prompt_rows in paired_batches(generations, prompts, batching, second_columns=PROMPT_COLUMNS):
+        pairs = paired_batches(generations, prompts, batching, second_columns=PROMPT_COLUMNS)
+        for gens, prompt_rows in logged(pairs, count_rows(generations), "check_parsers"):
             rows = check_rows(gens, prompt_rows, tokenizer=tokenizer, profile=profile, checker=checker)
             tally.update(r["verdict"] for r in rows)
             writer.write(rows)

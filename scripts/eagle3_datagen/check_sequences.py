@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .settings import ModelProfile
-from .tables import Batching, paired_batches
+from .tables import Batching, count_rows, logged, paired_batches
 from .templating import ChatTokenizer, load_tokenizer, token_ids
 
 log = logging.getLogger(__name__)
@@ -151,9 +151,8 @@ def check_sequences(
     profile = ModelProfile.from_config(model)
     checker = SequenceChecker(load_tokenizer(profile), profile)
     report = SequenceReport()
-    for gens, prompt_rows in paired_batches(
-        generations, prompts, Batching.from_config(batch), second_columns=PROMPT_COLUMNS
-    ):
+    pairs = paired_batches(generations, prompts, Batching.from_config(batch), second_columns=PROMPT_COLUMNS)
+    for gens, prompt_rows in logged(pairs, count_rows(generations), "check_sequences"):
         checker.check(gens, prompt_rows, report)
     if report.n_violations:
         raise SequenceViolation(report.message())

@@ -15,7 +15,7 @@ import orjson
 import pyarrow as pa
 
 from .settings import defaults
-from .tables import IDS, Batching, TableWriter, iter_batches
+from .tables import IDS, Batching, TableWriter, count_rows, iter_batches, logged
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def export_dataset(
     out to `rejected`."""
     batching = Batching.from_config(batch)
     counts = export_category(
-        iter_batches(generations, batching),
+        logged(iter_batches(generations, batching), count_rows(generations), "export_dataset"),
         Filters.from_config(export),
         jsonl=dataset,
         parquet=dataset_parquet,

@@ -150,6 +150,26 @@ def paired_batches(
         raise ValueError(f"{second} holds rows past the end of {first} (from {extra['id']}.{extra['sample_index']})")
 
 
+def logged(batches: Iterable, total: int, label: str, interval_s: float = 30.0) -> Iterator:
+    """The batches (lists, or pairs of lists) as they come, with a progress line every `interval_s`:
+    a step that takes an hour on a large category says how far it is."""
+    import logging
+    import time
+
+    log = logging.getLogger(label)
+    started = last = time.monotonic()
+    done = 0
+    for batch in batches:
+        yield batch
+        done += len(batch[0] if isinstance(batch, tuple) else batch)
+        now = time.monotonic()
+        if now - last >= interval_s:
+            rate = done / (now - started)
+            eta = (total - done) / rate if rate > 0 else float("inf")
+            log.info("%s: %d of %d rows, %.0f rows/s, about %.0f s to go", label, done, total, rate, eta)
+            last = now
+
+
 def count_rows(path: str | Path) -> int:
     return pq.read_metadata(path).num_rows
 

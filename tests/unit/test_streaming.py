@@ -194,3 +194,15 @@ def test_tables_out_of_step_are_refused(tmp_path):
     write_table([{"id": i, "sample_index": 0} for i in "xyzw"], GENERATIONS_SCHEMA, b)
     with pytest.raises(ValueError, match="past the end"):
         list(paired_batches(a, b))
+
+
+def test_long_steps_say_how_far_they_are(caplog):
+    import logging
+
+    from eagle3_datagen.tables import logged
+
+    with caplog.at_level(logging.INFO):
+        batches = list(logged(([i] * 3 for i in range(4)), 12, "a_step", interval_s=0))
+    assert len(batches) == 4
+    lines = [r.getMessage() for r in caplog.records if r.name == "a_step"]
+    assert lines[0].startswith("a_step: 3 of 12 rows") and lines[-1].startswith("a_step: 12 of 12 rows")
