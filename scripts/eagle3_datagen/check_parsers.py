@@ -187,7 +187,7 @@ class _Checker:
         return len(route) - j
 
     def decode(self, ids) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return batch_decode(self.tokenizer, [list(ids)], skip_special_tokens=False)[0]
 
 
 def _template_text(tokenizer) -> str | None:
