@@ -6,17 +6,29 @@ tokenizer: the token facts come with the prompts table (`templating.token_facts`
 """
 
 import asyncio
+import itertools
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+
+import pyarrow as pa
 
 from .client import GenerateClient, Request, RequestTemplate, ServerDied
 from .journal import Journal
 from .plan_generation import make_plan, make_template, open_journal, request_of, requests_to_send, shard_of, shard_rows
 from .servers import api_key, job_facts, seeds_honoured, server_provenance, servers, terminate_on_sigterm
 from .settings import ClientSettings, ModelProfile, stable_hash
-from .tables import GENERATIONS_SCHEMA, Batching, TableWriter, count_rows, iter_rows, read_provenance
+from .tables import (
+    GENERATIONS_SCHEMA,
+    Batching,
+    TableWriter,
+    count_rows,
+    iter_batches,
+    iter_record_batches,
+    iter_rows,
+    read_provenance,
+)
 
 log = logging.getLogger(__name__)
 
@@ -220,11 +232,35 @@ def generate(
     log.info("%s: wrote %d rows to %s", label, writer.rows, shard_generations)
 
 
+class _ShardRows:
+    """A shard's rows as Arrow record batches, handed out in runs of consecutive rows."""
+
+    def __init__(self, path: Path, batching: Batching):
+        self.path = path
+        self._batches = iter_record_batches(path, batching)
+        self._batch: pa.RecordBatch | None = None
+        self._pos = 0
+
+    def take(self, n: int) -> list[pa.RecordBatch]:
+        pieces = []
+        while n:
+            if self._batch is None or self._pos == self._batch.num_rows:
+                self._batch, self._pos = next(self._batches, None), 0
+                if self._batch is None:
+                    raise RuntimeError(f"{self.path} ends before the prompts table does")
+            k = min(n, self._batch.num_rows - self._pos)
+            pieces.append(self._batch.slice(self._pos, k))
+            self._pos += k
+            n -= k
+        return pieces
+
+
 def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: Path, batch: dict | None = None) -> None:
     """Join a category's generate shards into one generations table, in prompt order.
 
     Each shard holds its rows in prompt order, so the merge walks the prompts table once and takes
-    each row's next row from its shard: a batch per shard in memory, whatever the category's size."""
+    each run of rows from its shard, as Arrow slices (no id is converted to Python): a batch per
+    shard in memory, whatever the category's size."""
     batching = Batching.from_config(batch)
     shards = len(shard_generations)
     provenance = [read_provenance(path) for path in shard_generations]
@@ -237,17 +273,23 @@ def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: P
     expected = count_rows(prompts)
     if held != expected:
         raise RuntimeError(f"{generations}: the shards hold {held} rows, the prompts table {expected}")
-    sources = [iter_rows(path, batching) for path in shard_generations]
+    sources = [_ShardRows(path, batching) for path in shard_generations]
     merged = dict(provenance[0])
     merged["shards"] = provenance
     with TableWriter(generations, GENERATIONS_SCHEMA, batching) as writer:
-        for p in iter_rows(prompts, batching, columns=["id", "sample_index"]):
-            row = next(sources[shard_of(p["id"], shards) if shards > 1 else 0])
-            if (row["id"], row["sample_index"]) != (p["id"], p["sample_index"]):
-                raise RuntimeError(
-                    f"{generations}: prompt row {p['id']}.{p['sample_index']} meets shard row "
-                    f"{row['id']}.{row['sample_index']}: the shards are not in prompt order"
-                )
-            writer.write_row(row)
+        for keys in iter_batches(prompts, batching, columns=["id", "sample_index"]):
+            owners = [shard_of(k["id"], shards) if shards > 1 else 0 for k in keys]
+            pieces = []
+            for shard, run in itertools.groupby(owners):
+                pieces += sources[shard].take(sum(1 for _ in run))
+            table = pa.Table.from_batches(pieces)
+            got = zip(table.column("id").to_pylist(), table.column("sample_index").to_pylist())
+            for k, (row_id, sample) in zip(keys, got):
+                if (row_id, sample) != (k["id"], k["sample_index"]):
+                    raise RuntimeError(
+                        f"{generations}: prompt row {k['id']}.{k['sample_index']} meets shard row "
+                        f"{row_id}.{sample}: the shards are not in prompt order"
+                    )
+            writer.write_arrow(table)
         writer.close(merged)
     log.info("merged %d shards, %d rows into %s", shards, writer.rows, generations)

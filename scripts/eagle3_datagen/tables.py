@@ -203,6 +203,12 @@ class TableWriter:
         if len(self._buffer) >= self.batching.rows or self._buffered_tokens >= self.batching.tokens:
             self.flush()
 
+    def write_arrow(self, table: pa.Table) -> None:
+        """Rows that are already Arrow (a slice of another table of this schema), as they are."""
+        self.flush()
+        self._writer.write_table(table.replace_schema_metadata(None))
+        self.rows += table.num_rows
+
     def flush(self) -> None:
         if self._buffer:
             self._writer.write_table(pa.Table.from_pylist(self._buffer, schema=self.schema))
