@@ -7,7 +7,9 @@ a step's memory a batch at a time, never whole.
 
 import itertools
 import json
+import logging
 import os
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,9 +155,6 @@ def paired_batches(
 def logged(batches: Iterable, total: int, label: str, interval_s: float = 30.0) -> Iterator:
     """The batches (lists, or pairs of lists) as they come, with a progress line every `interval_s`:
     a step that takes an hour on a large category says how far it is."""
-    import logging
-    import time
-
     log = logging.getLogger(label)
     started = last = time.monotonic()
     done = 0
