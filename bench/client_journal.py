@@ -18,10 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from client_load import engine  # noqa: E402  (the same scripted engine as the load benchmark)
 from eagle3_datagen.client import GenerateClient, Request, RequestTemplate  # noqa: E402
 from eagle3_datagen.demo_model import qwen3_tokenizer_dir  # noqa: E402
 from eagle3_datagen.journal import Journal  # noqa: E402
-from eagle3_datagen.servers import ManagedServer, free_port  # noqa: E402
+from eagle3_datagen.servers import free_port  # noqa: E402
 from eagle3_datagen.settings import ClientSettings  # noqa: E402
 
 
@@ -73,24 +74,7 @@ def main() -> None:
         len(tokenizer),
     )
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "eagle3_datagen.engine",
-        "--backend",
-        "scripted",
-        "--model-dir",
-        str(tok_dir),
-        "--tokenizer-dir",
-        str(tok_dir),
-        "--port",
-        str(port),
-        "--context-length",
-        "32768",
-        "--log-level",
-        "WARNING",
-    ]
-    with tempfile.TemporaryDirectory() as tmp, ManagedServer(cmd, port=port, log_path=Path(tmp) / "engine.log") as url:
+    with tempfile.TemporaryDirectory() as tmp, engine(tok_dir, port, Path(tmp), latency=None) as url:
         run_once(url, template, reqs[:200], journal_dir=None, concurrency=args.concurrency)  # warm-up
         on, off = [], []
         for _ in range(args.repeats):

@@ -41,19 +41,19 @@ from workdir import Workdir  # noqa: E402
 
 from eagle3_datagen.demo_model import qwen3_tokenizer_dir  # noqa: E402
 
-# Rules in DAG order, their job's name in benchmarks/ and logs/, and the table whose plain copy is
-# each one's baseline.
+# Rules in DAG order, their job's name in benchmarks/ and logs/, and the baseline each is set against:
+# the plain copy of the table it reads.
 RULES = [
-    ("tokenize_prompts", "tokenize_prompts/scale", "prompts"),
-    ("plan_generation", "plan_generation/scale/shard_0", "prompts"),
-    ("generate", "generate/scale/shard_0", "generations"),
-    ("merge_shards", "merge_shards/scale", "generations"),
-    ("check_sequences", "check_sequences/scale", "generations"),
-    ("check_parsers", "check_parsers/scale", "generations"),
-    ("export_dataset", "export_dataset/scale", "generations"),
-    ("merge_dataset", "merge_dataset", "dataset jsonl"),
-    ("summarize", "summarize", "generations"),
-    ("plot_checks", "plot_checks", "generations"),
+    ("tokenize_prompts", "tokenize_prompts/scale", "prompts: stream copy"),
+    ("plan_generation", "plan_generation/scale/shard_0", "prompts: stream copy"),
+    ("generate", "generate/scale/shard_0", "generations: stream copy"),
+    ("merge_shards", "merge_shards/scale", "generations: stream copy"),
+    ("check_sequences", "check_sequences/scale", "generations: stream copy"),
+    ("check_parsers", "check_parsers/scale", "generations: stream copy"),
+    ("export_dataset", "export_dataset/scale", "generations: stream copy"),
+    ("merge_dataset", "merge_dataset", "dataset jsonl: cat"),
+    ("summarize", "summarize", "generations: stream copy"),
+    ("plot_checks", "plot_checks", "generations: stream copy"),
 ]
 PEAK = re.compile(r"done in [0-9.]+ s, peak RSS (\d+) MB(?: \(largest child process (\d+) MB\))?")
 LOCAL = {name for name, _, _ in RULES} - {"generate"}
@@ -189,12 +189,9 @@ def table(run: dict, base: dict, small: dict | None) -> str:
         "|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if small else ""),
     ]
     rows = run["rows"]
-    for name, _, ref in RULES:
+    for name, _, key in RULES:
         job = run["jobs"][name]
-        key = {"prompts": "prompts: stream copy", "generations": "generations: stream copy"}.get(ref or "", "")
-        if ref == "dataset jsonl":
-            key = "dataset jsonl: cat"
-        ratio = f"{job['s'] / max(base[key]['s'], 1e-3):.1f}" if key else "—"
+        ratio = f"{job['s'] / max(base[key]['s'], 1e-3):.1f}"
         peak = f"{job['peak_rss_mb']:,.0f}" + (
             f" (engine {job['child_peak_rss_mb']:,.0f})" if job["child_peak_rss_mb"] else ""
         )
