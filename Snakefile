@@ -23,6 +23,8 @@ rule all:
         expand(P["dataset"], category=CATEGORIES),
         P["train"],
         P["summary"],
+        P["turns_summary"],
+        P["turns_png"],
         P["lengths_png"],
         expand(P["verdict_counts"], category=CATEGORIES),
         P["verdicts_png"],

@@ -1,7 +1,6 @@
 rule check_sequences:
     input:
         generations=P["generations"],
-        prompts=P["prompts"],
     output:
         sequence_report=P["sequence_report"],
     log:
@@ -21,7 +20,6 @@ rule check_sequences:
 rule check_parsers:
     input:
         generations=P["generations"],
-        prompts=P["prompts"],
     output:
         verdicts=P["verdicts"],
         verdict_counts=P["verdict_counts"],

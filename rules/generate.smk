@@ -1,6 +1,7 @@
 rule plan_generation:
     input:
         prompts=P["prompts"],
+        tokenizer=get_tokenizer_files,
         model_weights=get_model_weights,
     output:
         plan=P["plan"],
@@ -17,6 +18,7 @@ rule plan_generation:
         engine=get_param("engine"),
         cache_dir=get_param("cache_dir"),
         shards=get_param("shards"),
+        budget=get_param("budget"),
         batch=get_param("batch"),
     script:
         "../scripts/plan_generation.py"
@@ -42,6 +44,7 @@ rule generate:
     input:
         prompts=P["prompts"],
         plan=P["plan"],
+        tokenizer=get_tokenizer_files,
         model_weights=get_model_weights,
     output:
         shard_generations=P["shard_generations"],
@@ -61,6 +64,7 @@ rule generate:
         model=get_param("model"),
         sampling=get_param("sampling"),
         engine=get_param("engine"),
+        budget=get_param("budget"),
         client=get_param("client"),
         max_failed_share=get_param("max_failed_share"),
         cache_dir=get_param("cache_dir"),

@@ -2,11 +2,22 @@ rule summarize:
     input:
         generations=expand(P["generations"], category=CATEGORIES),
         rejected=expand(P["rejected"], category=CATEGORIES),
+        dataset_parquet=expand(P["dataset_parquet"], category=CATEGORIES),
     output:
         summary=report(
             P["summary"],
             caption="../report/summary.rst",
             category="Summary",
+        ),
+        turns_summary=report(
+            P["turns_summary"],
+            caption="../report/turns_summary.rst",
+            category="Summary",
+        ),
+        turns_png=report(
+            P["turns_png"],
+            caption="../report/turns.rst",
+            category="Figures",
         ),
         lengths_png=report(
             P["lengths_png"],

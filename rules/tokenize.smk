@@ -36,6 +36,7 @@ rule tokenize_prompts:
         on_bad_rows=get_param("on_bad_rows"),
         allow_empty=get_param("allow_empty"),
         reading=get_param("reading"),
+        turns=get_param("turns"),
         batch=get_param("batch"),
     script:
         "../scripts/tokenize_prompts.py"

@@ -47,10 +47,10 @@ from functools import cached_property
 from pathlib import Path
 
 from . import parsers
-from .check_sequences import PROMPT_COLUMNS
+from .chat_layer import ChatLayer
 from .settings import ModelProfile
-from .tables import Batching, TableWriter, count_rows, logged, paired_batches
-from .templating import ChatTokenizer, batch_decode, group_by_tools, load_tokenizer, token_id, token_ids
+from .tables import Batching, TableWriter, count_rows, iter_batches, logged
+from .templating import batch_decode, group_by_tools, load_tokenizer, token_ids
 
 log = logging.getLogger(__name__)
 
@@ -120,54 +120,12 @@ def classify(f: RowFacts) -> str:
     return "other"
 
 
-class _Checker:
+class _Checker(ChatLayer):
     def __init__(self, tokenizer, profile: ModelProfile):
-        self.tokenizer = tokenizer
-        self.profile = profile
-        self.chat = ChatTokenizer(tokenizer, profile)
-        self.version = parsers.parse_version(profile.sglang_version)
-        self.stops = set(token_ids(tokenizer, profile.stop_tokens))
-        self.think_end = profile.reasoning_end or parsers.THINK_END
-        try:
-            self.think_end_id: int | None = token_id(tokenizer, self.think_end)
-        except ValueError:  # a model without a reasoning end token
-            self.think_end_id = None
-        self.reasoning_parser = profile.reasoning_parser
-        self.tool_parser = profile.tool_call_parser
+        super().__init__(tokenizer, profile)
         section = _SECTION_TOKENS.get(self.tool_parser or "")
         self.section_ids = tuple(token_ids(tokenizer, section)) if section else None
-        self.force = (
-            parsers.chat_force_reasoning(
-                self.reasoning_parser, self.version, profile.chat_template_kwargs, _template_text(tokenizer)
-            )
-            if self.reasoning_parser
-            else False
-        )
         self._ws_cache: dict[int, bool] = {}
-
-    # -- the chat layer ------------------------------------------------------------------
-
-    def assistant_message(self, text: str, tools, history: list[dict]) -> tuple[dict, str]:
-        reasoning, content = "", text
-        if self.reasoning_parser:
-            reasoning, content = parsers.parse_reasoning(
-                text, parser=self.reasoning_parser, version=self.version, force_reasoning=self.force
-            )
-        calls: list[parsers.ToolCall] = []
-        if tools and self.tool_parser:
-            content, calls = parsers.parse_tool_calls(content, tools, parser=self.tool_parser, version=self.version)
-        message: dict = {"role": "assistant", "content": content, "reasoning_content": reasoning or None}
-        if calls:
-            done = sum(len(m.get("tool_calls") or []) for m in history if m.get("role") == "assistant")
-            message["tool_calls"] = [
-                {
-                    "id": parsers.tool_call_id(c, parser=self.tool_parser, history_count=done, position=i),
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for i, c in enumerate(calls)
-            ]
-        return message, reasoning
 
     # -- comparison ----------------------------------------------------------------------
 
@@ -188,13 +146,6 @@ class _Checker:
 
     def decode(self, ids) -> str:
         return batch_decode(self.tokenizer, [list(ids)], skip_special_tokens=False)[0]
-
-
-def _template_text(tokenizer) -> str | None:
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):
-        return "\n".join(str(t) for t in template.values())
-    return template
 
 
 def _first_diff(a: list[int], b: list[int]) -> int:
@@ -229,29 +180,17 @@ def _section_span(output: list[int], offset: int, section_ids) -> tuple[int, int
 
 
 def check_rows(
-    generations: list[dict], prompts: list[dict], *, tokenizer, profile: ModelProfile, checker: _Checker | None = None
+    generations: list[dict], *, tokenizer, profile: ModelProfile, checker: _Checker | None = None
 ) -> list[dict]:
-    """One verdict row per ok generation row of a batch (see the module doc for the rules); `prompts`
-    hold the batch's rows (their messages and tools). A `checker` set up once serves every batch."""
+    """One verdict row per ok generation row of a batch (see the module doc for the rules); each row
+    carries the messages and tools of its prompt. A `checker` set up once serves every batch."""
     ck = checker or _Checker(tokenizer, profile)
     rows = [g for g in generations if g["status"] == "ok"]
-    by_key = {(p["id"], int(p["sample_index"])): p for p in prompts if p["status"] == "ok"}
-
-    prompt_rows = [by_key[(g["id"], int(g["sample_index"]))] for g in rows]
-    tools_list = [json.loads(p["tools"]) if p["tools"] else None for p in prompt_rows]
+    tools_list = [json.loads(g["tools"]) if g["tools"] else None for g in rows]
     outputs = [list(g["output_ids"]) for g in rows]
-    trimmed = []
-    for g, out in zip(rows, outputs):
-        cut = g["finish_type"] == "stop" and out and out[-1] in ck.stops
-        trimmed.append(out[:-1] if cut else out)
 
     # 1. decode as the chat layer does, in two batches (special tokens skipped unless tools).
-    texts: list[str | None] = [None] * len(rows)
-    for skip in (True, False):
-        idx = [i for i, t in enumerate(tools_list) if bool(t) != skip]
-        if idx:
-            for i, text in zip(idx, batch_decode(tokenizer, [trimmed[i] for i in idx], skip_special_tokens=skip)):
-                texts[i] = text
+    texts = ck.texts(outputs, [g["finish_type"] for g in rows], [bool(t) for t in tools_list])
 
     # 2.-3. parse, rebuild, render per group of identical tools, encode in one batch per group.
     routes: list[list[int] | None] = [None] * len(rows)
@@ -261,7 +200,7 @@ def check_rows(
         tools = tools_list[idx[0]]
         conversations = []
         for i in idx:
-            history = json.loads(prompt_rows[i]["messages"])
+            history = json.loads(rows[i]["messages"])
             message, reasonings[i] = ck.assistant_message(texts[i], tools, history)
             conversations.append(history + [message])
         out, ids, _ = ck.chat.render_and_encode(conversations, tools, add_generation_prompt=False)
@@ -312,6 +251,7 @@ def check_rows(
             {
                 "id": g["id"],
                 "sample_index": int(g["sample_index"]),
+                "turn": int(g["turn"]),
                 "verdict": verdict,
                 "first_diff": first_diff,
                 "excerpt_expected": exp_excerpt,
@@ -340,6 +280,7 @@ def verdict_schema():
         [
             ("id", pa.string()),
             ("sample_index", pa.int32()),
+            ("turn", pa.int32()),
             ("verdict", pa.string()),
             ("first_diff", pa.int64()),
             ("excerpt_expected", pa.string()),
@@ -353,7 +294,7 @@ def verdict_schema():
 
 
 def check_parsers(
-    *, generations: Path, prompts: Path, verdicts: Path, verdict_counts: Path, model: dict, batch: dict | None = None
+    *, generations: Path, verdicts: Path, verdict_counts: Path, model: dict, batch: dict | None = None
 ) -> dict:
     """A verdict per row in `verdicts`, their counts in `verdict_counts`, a batch at a time; reports, never fails."""
     profile = ModelProfile.from_config(model)
@@ -367,9 +308,8 @@ def check_parsers(
     }
     tally: Counter = Counter()
     with TableWriter(verdicts, verdict_schema(), batching) as writer:
-        pairs = paired_batches(generations, prompts, batching, second_columns=PROMPT_COLUMNS)
-        for gens, prompt_rows in logged(pairs, count_rows(generations), "check_parsers"):
-            rows = check_rows(gens, prompt_rows, tokenizer=tokenizer, profile=profile, checker=checker)
+        for gens in logged(iter_batches(generations, batching), count_rows(generations), "check_parsers"):
+            rows = check_rows(gens, tokenizer=tokenizer, profile=profile, checker=checker)
             tally.update(r["verdict"] for r in rows)
             writer.write(rows)
         writer.close(semantics)

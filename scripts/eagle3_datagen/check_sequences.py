@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .settings import ModelProfile
-from .tables import Batching, count_rows, logged, paired_batches
+from .tables import Batching, count_rows, iter_batches, logged
 from .templating import ChatTokenizer, load_tokenizer, token_ids
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,10 @@ RULES = {
     "finish_matches_output": "a stop finish's matched token is the last output token",
     "ids_in_vocabulary": "every id lies inside the vocabulary",
     "within_budget": "no output is longer than the row's max_new_tokens",
+    "history_holds_answers": (
+        "a later turn's history is the turn before's history, then the model's answer to it as the chat layer "
+        "parses it"
+    ),
 }
 
 
@@ -42,7 +46,13 @@ class SequenceReport:
         self.total[rule] += 1
         if len(self.violations) < self.EXAMPLES:
             self.violations.append(
-                {"id": row["id"], "sample_index": int(row["sample_index"]), "rule": rule, "detail": detail}
+                {
+                    "id": row["id"],
+                    "sample_index": int(row["sample_index"]),
+                    "turn": int(row.get("turn", 0)),
+                    "rule": rule,
+                    "detail": detail,
+                }
             )
 
     @property
@@ -58,7 +68,9 @@ class SequenceReport:
     def message(self, limit: int = 20) -> str:
         lines = [f"{self.n_violations} sequence violations in {self.checked} rows:"]
         for v in self.violations[:limit]:
-            lines.append(f"  {v['id']}.{v['sample_index']}: {v['rule']} ({RULES[v['rule']]}): {v['detail']}")
+            lines.append(
+                f"  {v['id']}.{v['sample_index']} turn {v['turn']}: {v['rule']} ({RULES[v['rule']]}): {v['detail']}"
+            )
         if self.n_violations > limit:
             lines.append(f"  ... and {self.n_violations - limit} more (see the report file)")
         return "\n".join(lines)
@@ -73,16 +85,46 @@ class SequenceChecker:
         self.prompt_only = set(token_ids(tokenizer, profile.prompt_only_tokens))
         self.stops = set(token_ids(tokenizer, profile.stop_tokens))
         self.chat = ChatTokenizer(tokenizer, profile)
+        self.tokenizer, self.profile = tokenizer, profile
+        self._layer = None
+        self._before: dict | None = None  # the last ok row: a later turn's history starts from it
 
-    def check(self, generations: list[dict], prompts: list[dict], report: SequenceReport) -> None:
-        """Check every ok row of a batch; `prompts` (with their messages) hold the same rows."""
+    def _history_holds_answer(self, g: dict, report: "SequenceReport") -> None:
+        before, self._before = self._before, g
+        if not g.get("turn"):
+            return
+        key = (g["id"], g["sample_index"], int(g["turn"]) - 1)
+        if before is None or (before["id"], before["sample_index"], int(before["turn"])) != key:
+            report.add(g, "history_holds_answers", "the turn before is not an ok row just before this one")
+            return
+        if self._layer is None:
+            from .chat_layer import ChatLayer
+
+            self._layer = ChatLayer(self.tokenizer, self.profile)
+        earlier = json.loads(before["messages"])
+        history = json.loads(g["messages"])
+        tools = json.loads(g["tools"]) if g["tools"] else None
+        answer = self._layer.answer_message(before["output_ids"], before["finish_type"], tools, earlier)
+        if history[: len(earlier)] != earlier:
+            report.add(g, "history_holds_answers", "the history does not start with the turn before's history")
+        elif len(history) <= len(earlier) or history[len(earlier)] != answer:
+            found = history[len(earlier)] if len(history) > len(earlier) else None
+            report.add(
+                g,
+                "history_holds_answers",
+                f"the answer in the history {json.dumps(found)[:200]} is not the chat layer's message of the turn "
+                f"before's output {json.dumps(answer)[:200]}",
+            )
+
+    def check(self, generations: list[dict], report: SequenceReport) -> None:
+        """Check every ok row of a batch; each row carries the messages and tools of its prompt (for a
+        later turn: the history with the model's own earlier answers)."""
         ok_rows = [g for g in generations if g["status"] == "ok"]
         report.checked += len(ok_rows)
-        # Only usable rows have a unique (id, sample_index); a skipped duplicate may share its id.
-        by_key = {(p["id"], int(p["sample_index"])): p for p in prompts if p["status"] == "ok"}
-        fresh = self._fresh_prompt_ids([by_key[(g["id"], int(g["sample_index"]))] for g in ok_rows])
+        fresh = self._fresh_prompt_ids(ok_rows)
         suffix, stops, vocab = self.suffix, self.stops, self.vocab
         for g, fresh_ids in zip(ok_rows, fresh):
+            self._history_holds_answer(g, report)
             prompt_ids, output_ids = g["prompt_ids"], g["output_ids"]
             if prompt_ids != fresh_ids:
                 pos = next(
@@ -132,28 +174,24 @@ class SequenceChecker:
         return [t.prompt_ids for t in self.chat.tokenize(conversations, tools)]
 
 
-def check_rows(generations: list[dict], prompts: list[dict], *, tokenizer, profile: ModelProfile) -> SequenceReport:
+def check_rows(generations: list[dict], *, tokenizer, profile: ModelProfile) -> SequenceReport:
     """Check every ok row of one batch (see `SequenceChecker`)."""
     report = SequenceReport()
-    SequenceChecker(tokenizer, profile).check(generations, prompts, report)
+    SequenceChecker(tokenizer, profile).check(generations, report)
     return report
 
 
-# The prompts table's columns the checks read (not the prompt ids: the generations hold them).
-PROMPT_COLUMNS = ["id", "sample_index", "status", "messages", "tools"]
-
-
 def check_sequences(
-    *, generations: Path, prompts: Path, sequence_report: Path, model: dict, batch: dict | None = None
+    *, generations: Path, sequence_report: Path, model: dict, batch: dict | None = None
 ) -> SequenceReport:
     """Check one category's generations a batch at a time; raises SequenceViolation (the job fails)
     on any violation."""
     profile = ModelProfile.from_config(model)
     checker = SequenceChecker(load_tokenizer(profile), profile)
     report = SequenceReport()
-    pairs = paired_batches(generations, prompts, Batching.from_config(batch), second_columns=PROMPT_COLUMNS)
-    for gens, prompt_rows in logged(pairs, count_rows(generations), "check_sequences"):
-        checker.check(gens, prompt_rows, report)
+    batches = iter_batches(generations, Batching.from_config(batch))
+    for gens in logged(batches, count_rows(generations), "check_sequences"):
+        checker.check(gens, report)
     if report.n_violations:
         raise SequenceViolation(report.message())
     sequence_report.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,9 @@ import logging
 import random
 import secrets
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -40,7 +42,7 @@ class ServerDied(RuntimeError):
 
 @dataclass
 class Request:
-    """What the client sends for one (id, sample_index) row."""
+    """What the client sends for one (id, sample_index, turn) row."""
 
     id: str
     sample_index: int
@@ -48,10 +50,27 @@ class Request:
     max_new_tokens: int
     seed: int
     fingerprint: str = ""
+    turn: int = 0
 
     @property
-    def key(self) -> tuple[str, int]:
-        return (self.id, self.sample_index)
+    def key(self) -> tuple[str, int, int]:
+        return (self.id, self.sample_index, self.turn)
+
+    @property
+    def label(self) -> str:
+        return f"{self.id}.{self.sample_index}" + (f".t{self.turn}" if self.turn else "")
+
+
+def parse_rid(rid: str) -> tuple[tuple[str, int, int], str, int]:
+    """((id, sample_index, turn), run nonce, attempt) of a rid the client made:
+    `{id}.{sample}[.t{turn}].{nonce}.{attempt}` (ids may hold dots; the turn is there from turn 1)."""
+    head, nonce, attempt = rid.rsplit(".", 2)
+    head, last = head.rsplit(".", 1)
+    turn = 0
+    if last.startswith("t") and last[1:].isdigit() and head.rsplit(".", 1)[-1].isdigit() and "." in head:
+        turn = int(last[1:])
+        head, last = head.rsplit(".", 1)
+    return (head, int(last), turn), nonce, int(attempt)
 
 
 @dataclass
@@ -215,7 +234,7 @@ class GenerateClient:
             "sampling_params": self.template.sampling_params(req),
             # Unique per attempt and per run: SGLang rejects a rid that is still in flight, and an
             # attempt from before a restart may still run on an external server.
-            "rid": f"{req.id}.{req.sample_index}.{self.run_nonce}.{attempt}",
+            "rid": f"{req.label}.{self.run_nonce}.{attempt}",
         }
         timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout(req.max_new_tokens))
         self.in_flight += 1
@@ -294,7 +313,7 @@ class GenerateClient:
                     if progress is not None:
                         progress.retries += 1
                     delay = self.backoff(attempt)
-                    log.debug("%s.%d attempt %d: %s; retrying in %.1f s", req.id, req.sample_index, attempt, exc, delay)
+                    log.debug("%s attempt %d: %s; retrying in %.1f s", req.label, attempt, exc, delay)
                     await asyncio.sleep(delay)
         finally:
             release()
@@ -311,13 +330,20 @@ class GenerateClient:
         *,
         total: int | None = None,
         keep_results: bool = True,
-    ) -> dict[tuple[str, int], dict]:
+        follow: Callable[[Request, dict], Request | None] | None = None,
+    ) -> dict[tuple[str, int, int], dict]:
         """Generate every request, `concurrency` in flight; results (ok or failed) are journalled as they finish.
 
-        `requests` may be a lazy iterator (`total` then says how many it holds): it is drawn from only
-        as slots free up, so only the requests in flight are in memory. With `keep_results=False` the
-        results are only journalled, and an empty dict is returned."""
-        results: dict[tuple[str, int], dict] = {}
+        `requests` may be a lazy iterator (`total` then says how many it holds, or at most): it is
+        drawn from only as slots free up, so only the requests in flight are in memory. With
+        `keep_results=False` the results are only journalled, and an empty dict is returned.
+
+        `follow(request, result)`, when given, runs (in a worker thread) once a result is journalled
+        and may return the request that follows it (a conversation's next turn): that request takes
+        the next free slot, before any new one from `requests`, so a conversation goes on while
+        its shared prefix is fresh in the server's cache, and the slots stay full while there is work.
+        """
+        results: dict[tuple[str, int, int], dict] = {}
         if total is None:
             requests = list(requests)
             total = len(requests)
@@ -328,6 +354,10 @@ class GenerateClient:
         connector = aiohttp.TCPConnector(limit=2 * self.settings.concurrency)
         errors: list[BaseException] = []
         syncing = False
+        ready: deque[Request] = deque()  # follow-up requests, sent first
+        wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="follow") if follow is not None else None
 
         async def handle(session, req):
             nonlocal syncing
@@ -335,9 +365,10 @@ class GenerateClient:
             if keep_results:
                 results[req.key] = result
             if journal is not None:
-                journal.append(
-                    {"id": req.id, "sample_index": req.sample_index, "fingerprint": req.fingerprint, **result}
-                )
+                entry = {"id": req.id, "sample_index": req.sample_index, "fingerprint": req.fingerprint, **result}
+                if req.turn:
+                    entry["turn"] = req.turn
+                journal.append(entry)
                 if journal.sync_due() and not syncing:
                     syncing = True  # fsync off the event loop, one at a time
                     try:
@@ -345,18 +376,42 @@ class GenerateClient:
                     finally:
                         syncing = False
             progress.add(tokens=len(result.get("output_ids", ())), failed=result["status"] != "ok")
+            if follow is not None:
+                following = await loop.run_in_executor(pool, follow, req, result)
+                if following is not None:
+                    ready.append(following)
 
         def done(task: asyncio.Task) -> None:
             tasks.discard(task)
             if not task.cancelled() and task.exception() is not None:
                 errors.append(task.exception())
+            wake.set()
+
+        async def next_request(source) -> tuple[Request | None, object]:
+            """A follow-up if one is ready, else the next new request; waits for follow-ups that
+            requests in flight may still make. (None, ...) when no work is left."""
+            while not errors:
+                if ready:
+                    return ready.popleft(), source
+                if source is not None:
+                    req = next(source, None)
+                    if req is not None:
+                        return req, source
+                    source = None
+                if not tasks:
+                    break
+                wake.clear()
+                await wake.wait()
+            return None, source
 
         tasks: set[asyncio.Task] = set()
+        source = iter(requests)
         async with aiohttp.ClientSession(connector=connector) as session:
             try:
-                for req in requests:
+                while True:
                     await slots.acquire()
-                    if errors:
+                    req, source = await next_request(source)
+                    if req is None:
                         slots.release()
                         break
                     task = asyncio.create_task(handle(session, req))
@@ -369,6 +424,8 @@ class GenerateClient:
                     task.cancel()
                 if journal is not None:
                     journal.sync()
+                if pool is not None:
+                    pool.shutdown(wait=True)
         if errors:
             raise errors[0]
         if total:

@@ -7,6 +7,7 @@ keys travel along and both trainers ignore them.
 
 import hashlib
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,9 @@ DATASET_SCHEMA = pa.schema(
         ("loss_mask", pa.list_(pa.int8())),
         ("id", pa.string()),
         ("sample_index", pa.int32()),
+        ("turn", pa.int32()),
+        # Turns joined in this row (export.merge_turns): 1 unless consecutive turns were merged.
+        ("turns", pa.int32()),
         ("category", pa.string()),
         ("finish_type", pa.string()),
         ("n_prompt_tokens", pa.int32()),
@@ -56,46 +60,121 @@ def filter_reason(row: dict, filters: Filters) -> str | None:
     return None
 
 
-def dataset_row(row: dict) -> dict:
+def dataset_row(row: dict, spans: list[tuple[int, int]] | None = None, turns: int = 1) -> dict:
+    """The trainer row of a generated turn: `input_ids = prompt_ids + output_ids`, the loss on the
+    output. A merged row (`spans`): the last turn's sequence, the loss on each merged turn's output."""
     prompt, output = row["prompt_ids"], row["output_ids"]
-    mask = [0] * len(prompt) + [1] * len(output)
     input_ids = prompt + output
-    if len(mask) != len(input_ids) or sum(mask) != len(output) or not output:
-        raise AssertionError(f"loss_mask contract broken for {row['id']}.{row['sample_index']}")
+    if spans is None:
+        spans = [(len(prompt), len(input_ids))]
+    mask = [0] * len(input_ids)
+    for start, end in spans:
+        mask[start:end] = [1] * (end - start)
+    n_loss = sum(end - start for start, end in spans)
+    if len(mask) != len(input_ids) or sum(mask) != n_loss or not output or spans[-1][1] != len(input_ids):
+        raise AssertionError(f"loss_mask contract broken for {row['id']}.{row['sample_index']} turn {row['turn']}")
     return {
         "input_ids": input_ids,
         "loss_mask": mask,
         "id": row["id"],
         "sample_index": int(row["sample_index"]),
+        "turn": int(row["turn"]) - turns + 1,
+        "turns": turns,
         "category": row["category"],
         "finish_type": row["finish_type"],
-        "n_prompt_tokens": len(prompt),
-        "n_output_tokens": len(output),
+        "n_prompt_tokens": len(input_ids) - n_loss,
+        "n_output_tokens": n_loss,
         "seed": int(row["seed"]),
     }
 
 
 def split_rows(generations: list[dict], filters: Filters) -> tuple[list[dict], list[dict]]:
-    """(dataset rows, rejected records): every generation row lands in exactly one of the two."""
+    """(generation rows for the dataset, rejected records): every row lands in exactly one of the two."""
     dataset, rejected = [], []
     for row in generations:
         status, reason = row["status"], row.get("error") or ""
         if status == "ok":
             why = filter_reason(row, filters)
             if why is None:
-                dataset.append(dataset_row(row))
+                dataset.append(row)
                 continue
             status, reason = "filtered", why
         rejected.append(
             {
                 "id": row["id"],
                 "sample_index": int(row["sample_index"]),
+                "turn": int(row["turn"]),
                 "category": row["category"],
                 "status": status,
                 "reason": reason,
             }
         )
     return dataset, rejected
+
+
+# Why a turn was not merged into the row of the turn before it.
+NOT_EXTENDED = "its prompt does not start with the turn before's prompt_ids + output_ids"
+GAP = "the turn before is not in the dataset (filtered)"
+
+
+class TurnMerger:
+    """Dataset rows of generation rows in conversation order; with `merge`, consecutive turns of a
+    conversation join into one row wherever the later turn's `prompt_ids` start with the earlier
+    turn's `prompt_ids + output_ids` token for token (several loss spans, the same targets).
+
+    A chain may span batches: `feed` holds its last row back until the next turn shows whether it
+    extends it; `flush` gives the last one. `merged` counts the turns joined into an earlier row,
+    `not_merged` the later turns (turn ≥ 1) that start a row of their own, by reason."""
+
+    def __init__(self, merge: bool):
+        self.merge = merge
+        self.merged = 0
+        self.not_merged: Counter = Counter()
+        self._last: dict | None = None
+        self._spans: list[tuple[int, int]] = []
+        self._turns = 0
+
+    def _emit(self) -> list[dict]:
+        if self._last is None:
+            return []
+        row = dataset_row(self._last, self._spans, self._turns)
+        self._last = None
+        return [row]
+
+    def feed(self, rows: Iterable[dict]) -> list[dict]:
+        out: list[dict] = []
+        for row in rows:
+            if not self.merge:
+                out.append(dataset_row(row))
+                if row["turn"]:
+                    self.not_merged["merge_turns is off"] += 1
+                continue
+            last = self._last
+            prompt = row["prompt_ids"]
+            same = last is not None and (last["id"], last["sample_index"]) == (row["id"], row["sample_index"])
+            if same and row["turn"] == last["turn"] + 1:
+                before = len(last["prompt_ids"]) + len(last["output_ids"])
+                if (
+                    len(prompt) >= before
+                    and prompt[: len(last["prompt_ids"])] == last["prompt_ids"]
+                    and prompt[len(last["prompt_ids"]) : before] == last["output_ids"]
+                ):
+                    self._spans.append((len(prompt), len(prompt) + len(row["output_ids"])))
+                    self._last, self._turns = row, self._turns + 1
+                    self.merged += 1
+                    continue
+                self.not_merged[NOT_EXTENDED] += 1
+            elif row["turn"]:
+                self.not_merged[GAP] += 1
+            out += self._emit()
+            self._last, self._spans, self._turns = row, [(len(prompt), len(prompt) + len(row["output_ids"]))], 1
+        return out
+
+    def flush(self) -> list[dict]:
+        return self._emit()
+
+    def stats(self) -> dict:
+        return {"merge_turns": self.merge, "turns_merged": self.merged, "turns_not_merged": dict(self.not_merged)}
 
 
 class JsonlWriter:
@@ -138,22 +217,34 @@ def write_jsonl(rows: Iterable[dict], path: str | Path) -> None:
 
 
 def export_category(
-    generations: Iterable[list[dict]], filters: Filters, *, jsonl: Path, parquet: Path, rejected: Path, batching=None
+    generations: Iterable[list[dict]],
+    filters: Filters,
+    *,
+    jsonl: Path,
+    parquet: Path,
+    rejected: Path,
+    batching=None,
+    merge_turns: bool = False,
 ) -> dict:
     """Export batches of generations rows: dataset rows to `jsonl` and `parquet`, the rest to `rejected`."""
     batching = batching or Batching()
+    merger = TurnMerger(merge_turns)
     with (
         JsonlWriter(jsonl) as dataset_out,
         TableWriter(parquet, DATASET_SCHEMA, batching) as parquet_out,
         JsonlWriter(rejected) as rejected_out,
     ):
         for rows in generations:
-            dataset, rejected_rows = split_rows(rows, filters)
+            kept, rejected_rows = split_rows(rows, filters)
+            dataset = merger.feed(kept)
             dataset_out.write(dataset)
             parquet_out.write(dataset)
             rejected_out.write(rejected_rows)
-        parquet_out.close()
-    return {"exported": dataset_out.rows, "rejected": rejected_out.rows}
+        last = merger.flush()
+        dataset_out.write(last)
+        parquet_out.write(last)
+        parquet_out.close(merger.stats())
+    return {"exported": dataset_out.rows, "rejected": rejected_out.rows, **merger.stats()}
 
 
 # A dataset line starts with its input ids, as `dataset_row` orders the keys.
@@ -208,6 +299,7 @@ def export_dataset(
         parquet=dataset_parquet,
         rejected=rejected,
         batching=batching,
+        merge_turns=bool((export or {}).get("merge_turns", False)),
     )
     log.info("%s: %s", generations, counts)
     return counts

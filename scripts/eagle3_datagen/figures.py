@@ -42,6 +42,33 @@ def plot_lengths(lengths: dict[str, tuple[list[int], list[int]]], path: Path) ->
     _save(fig, path)
 
 
+def plot_turns(turns, path: Path) -> None:
+    """Rows and output tokens by turn index, per category (`turns`: the turns table): the generated
+    rows as bars, the rows not produced (skipped: the conversation ended) hatched on top."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    categories = sorted(set(turns["category"])) if len(turns) else []
+    width = 0.8 / max(len(categories), 1)
+    for n, category in enumerate(categories):
+        frame = turns[turns["category"] == category]
+        index = sorted(set(frame["turn"]))
+        made = [int(frame[(frame["turn"] == t) & (frame["status"] != "skipped")]["rows"].sum()) for t in index]
+        missing = [int(frame[(frame["turn"] == t) & (frame["status"] == "skipped")]["rows"].sum()) for t in index]
+        tokens = [int(frame[frame["turn"] == t]["output_tokens"].sum()) for t in index]
+        x = [t + n * width for t in index]
+        bars = axes[0].bar(x, made, width, label=f"{category}")
+        axes[0].bar(x, missing, width, bottom=made, color=bars.patches[0].get_facecolor(), alpha=0.35, hatch="//")
+        axes[1].bar(x, tokens, width, label=category)
+    axes[0].set_title("Rows by turn (hatched: not produced, the conversation ended)")
+    axes[1].set_title("Output tokens by turn")
+    for ax, ylabel in ((axes[0], "rows"), (axes[1], "output tokens")):
+        ax.set_xlabel("turn index")
+        ax.set_ylabel(ylabel)
+        if categories:
+            ax.legend(fontsize=8)
+    _save(fig, path)
+
+
 def _stacked(ax, categories: list[str], series: dict[str, list[float]], *, xlabel: str) -> None:
     left = [0.0] * len(categories)
     for name, values in series.items():

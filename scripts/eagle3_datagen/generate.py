@@ -1,8 +1,9 @@
 """generate: one shard of a category through SGLang's native /generate, and merge_shards.
 
-The generate job plans (which rows the journal already holds), starts or finds its servers, runs the
-client, and assembles one generations row per prompt row, in prompt order. It never loads the
-tokenizer: the token facts come with the prompts table (`templating.token_facts`).
+The generate job plans (which turns the journal already holds), starts or finds its servers, runs the
+client, and assembles the generations rows, in prompt order: one per turn of each conversation. The
+token facts come with the prompts table (`templating.token_facts`); the tokenizer is loaded only to
+make a conversation's later turns (`turns`), never for single-turn rows.
 """
 
 import asyncio
@@ -14,9 +15,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .client import GenerateClient, Request, RequestTemplate, ServerDied
+from .client import GenerateClient, Request, ServerDied
 from .journal import Journal
-from .plan_generation import make_plan, make_template, open_journal, request_of, requests_to_send, shard_of, shard_rows
+from .plan_generation import make_builder, make_plan, open_journal, requests_to_send, shard_of, shard_rows
 from .servers import api_key, job_facts, seeds_honoured, server_provenance, servers, terminate_on_sigterm
 from .settings import ClientSettings, ModelProfile, stable_hash
 from .tables import (
@@ -29,6 +30,7 @@ from .tables import (
     iter_rows,
     read_provenance,
 )
+from .turns import TurnBuilder, walk
 
 log = logging.getLogger(__name__)
 
@@ -38,40 +40,71 @@ class TooManyFailures(RuntimeError):
 
 
 def assemble(
-    prompt_rows: Iterable[dict], result_of: Callable[[Request], dict | None], template: RequestTemplate
+    prompt_rows: Iterable[dict], builder: TurnBuilder, result_of: Callable[[Request], dict | None]
 ) -> Iterator[dict]:
-    """One generations row per prompt row, in prompt order; skipped rows carry their reason.
+    """The generations rows of the prompt rows, in prompt order: one per turn of each conversation
+    (a single-turn row: one), skipped rows with their reason, and each turn a conversation did not
+    reach as a skipped row saying why it ended.
 
-    `result_of(request)` gives the journalled result of a usable row's request."""
-    sampling = json.dumps(template.sampling, sort_keys=True)
+    `result_of(request)` gives the journalled result of a request."""
+    sampling = json.dumps(builder.template.sampling, sort_keys=True)
     for p in prompt_rows:
         base = {
             "id": p["id"],
             "sample_index": p["sample_index"],
             "category": p["category"],
-            "prompt_ids": p["prompt_ids"],
+            "tools": p.get("tools") or "",
             "sampling": sampling,
-            "seed": p["seed"],
-            "max_new_tokens": p["max_new_tokens"],
         }
         if p["status"] != "ok":
-            yield {**base, "output_ids": [], "status": p["status"], "error": p["reason"], "attempts": 0}
+            yield {
+                **base,
+                "turn": 0,
+                "messages": p["messages"],
+                "prompt_ids": p["prompt_ids"],
+                "seed": p["seed"],
+                "max_new_tokens": p["max_new_tokens"],
+                "output_ids": [],
+                "status": p["status"],
+                "error": p["reason"],
+                "attempts": 0,
+            }
             continue
-        r = result_of(request_of(p, template))
-        if r is None:
-            raise RuntimeError(f"row {(p['id'], int(p['sample_index']))} has no result: this is a bug")
-        yield {
-            **base,
-            "output_ids": r.get("output_ids", []),
-            "finish_type": r.get("finish_type", ""),
-            "finish_matched": r.get("finish_matched", ""),
-            "completion_tokens": r.get("completion_tokens", 0),
-            "cached_tokens": r.get("cached_tokens", 0),
-            "e2e_latency": r.get("e2e_latency", 0.0),
-            "attempts": r.get("attempts", 0),
-            "status": r["status"],
-            "error": r.get("error", ""),
-        }
+        conversation = builder.start(p)
+        for step in walk(conversation, result_of):
+            req, r = step.request, step.result
+            if r is None:
+                raise RuntimeError(f"row {req.label} has no result: this is a bug")
+            yield {
+                **base,
+                "turn": req.turn,
+                "messages": conversation.history_json(),
+                "prompt_ids": req.prompt_ids,
+                "seed": req.seed,
+                "max_new_tokens": req.max_new_tokens,
+                "output_ids": r.get("output_ids", []),
+                "finish_type": r.get("finish_type", ""),
+                "finish_matched": r.get("finish_matched", ""),
+                "completion_tokens": r.get("completion_tokens", 0),
+                "cached_tokens": r.get("cached_tokens", 0),
+                "e2e_latency": r.get("e2e_latency", 0.0),
+                "attempts": r.get("attempts", 0),
+                "status": r["status"],
+                "error": r.get("error", ""),
+            }
+        for turn in range(conversation.turn + 1, conversation.turns):
+            yield {
+                **base,
+                "turn": turn,
+                "messages": "",
+                "prompt_ids": [],
+                "seed": 0,
+                "max_new_tokens": 0,
+                "output_ids": [],
+                "status": "skipped",
+                "error": f"conversation ended: {conversation.end_reason}",
+                "attempts": 0,
+            }
 
 
 def journalled_result(journal: Journal) -> Callable[[Request], dict | None]:
@@ -98,7 +131,8 @@ class FailureCount:
             if r["status"] == "failed":
                 self.failed += 1
                 if len(self.examples) < 5:
-                    self.examples.append(f"{r['id']}.{r['sample_index']}: {r['error']}")
+                    turn = f".t{r['turn']}" if r["turn"] else ""
+                    self.examples.append(f"{r['id']}.{r['sample_index']}{turn}: {r['error']}")
             yield r
 
 
@@ -109,6 +143,7 @@ def generate_category(
     profile: ModelProfile,
     sampling: dict,
     engine: dict,
+    budget: dict,
     client_settings: ClientSettings,
     journal: Journal,
     server_log: Path,
@@ -122,14 +157,15 @@ def generate_category(
     through them once, a batch at a time); `facts` are the prompts table's token facts
     (provenance); `journal` keeps every finished row and is where results are read back from.
     """
-    template = make_template(facts, profile, sampling, engine)
+    builder = make_builder(facts, profile, sampling, engine, budget)
+    template = builder.template
     provenance = {
         "model_fingerprint": template.model_fingerprint,
         "stop_token_ids": template.stop_token_ids,
         "job": job_facts(),
     }
     with journal, terminate_on_sigterm():
-        todo = make_plan(prompt_rows(), template, journal)
+        todo = make_plan(prompt_rows(), builder, journal)
         provenance["plan"] = todo.summary()
         log.info("%s plan: %s", category, provenance["plan"])
         if todo.to_send:
@@ -148,9 +184,27 @@ def generate_category(
                 client = GenerateClient(
                     srv.urls, template, client_settings, label=category, headers=headers, alive=srv.alive
                 )
-                requests = requests_to_send(prompt_rows(), template, journal)
+                # A conversation's next turn is made from its answer as soon as the answer is journalled.
+                in_flight: dict = {}
+                requests = requests_to_send(prompt_rows(), builder, journal, in_flight)
+
+                def follow(req: Request, result: dict) -> Request | None:
+                    conversation = in_flight.pop(req.key)
+                    following = conversation.advance(result)
+                    if following is not None:
+                        in_flight[following.key] = conversation
+                    return following
+
                 try:
-                    asyncio.run(client.run(requests, journal, total=todo.to_send, keep_results=False))
+                    asyncio.run(
+                        client.run(
+                            requests,
+                            journal,
+                            total=todo.to_send + todo.later_turns,
+                            keep_results=False,
+                            follow=follow if todo.later_turns else None,
+                        )
+                    )
                 except ServerDied as exc:
                     raise ServerDied(
                         f"{category}: {exc}; its log is {server_log}. The journal {journal.path} keeps "
@@ -162,7 +216,7 @@ def generate_category(
                     "tokens_per_s": round(client.tokens_per_s, 1),
                 }
         failures = FailureCount()
-        writer.write(failures.count(assemble(prompt_rows(), journalled_result(journal), template)))
+        writer.write(failures.count(assemble(prompt_rows(), builder, journalled_result(journal))))
     share = failures.failed / failures.attempted if failures.attempted else 0.0
     if share > max_failed_share:
         raise TooManyFailures(
@@ -174,7 +228,19 @@ def generate_category(
 
 
 # The prompts table's columns a generations row is made of.
-ASSEMBLE_COLUMNS = ["id", "sample_index", "category", "prompt_ids", "seed", "max_new_tokens", "status", "reason"]
+ASSEMBLE_COLUMNS = [
+    "id",
+    "sample_index",
+    "category",
+    "messages",
+    "tools",
+    "turn_ends",
+    "prompt_ids",
+    "seed",
+    "max_new_tokens",
+    "status",
+    "reason",
+]
 
 
 def generate(
@@ -187,6 +253,7 @@ def generate(
     model: dict,
     sampling: dict,
     engine: dict,
+    budget: dict,
     client: dict,
     max_failed_share: float,
     cache_dir: str,
@@ -200,6 +267,7 @@ def generate(
         "model": model,
         "sampling": sampling,
         "engine": engine,
+        "budget": budget,
         "client": client,
         "max_failed_share": max_failed_share,
         "cache_dir": cache_dir,
@@ -218,6 +286,7 @@ def generate(
             profile=ModelProfile.from_config(model),
             sampling=sampling,
             engine=engine,
+            budget=budget,
             client_settings=ClientSettings.from_config(client),
             journal=open_journal(cache_dir, category, shard, shards),
             server_log=server_log,
@@ -255,6 +324,11 @@ class _ShardRows:
         return pieces
 
 
+def rows_of(prompt_row: dict) -> int:
+    """Generations rows of a prompts row: one per turn of a usable conversation, one for a skipped row."""
+    return len(prompt_row["turn_ends"] or [0]) if prompt_row["status"] == "ok" else 1
+
+
 def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: Path, batch: dict | None = None) -> None:
     """Join a category's generate shards into one generations table, in prompt order.
 
@@ -270,24 +344,27 @@ def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: P
                 f"{shard_generations[n]} holds shard {p.get('shard')} of {p.get('shards')}, not {n} of {shards}"
             )
     held = sum(count_rows(path) for path in shard_generations)
-    expected = count_rows(prompts)
+    expected = sum(
+        sum(rows_of(k) for k in keys) for keys in iter_batches(prompts, batching, columns=["status", "turn_ends"])
+    )
     if held != expected:
-        raise RuntimeError(f"{generations}: the shards hold {held} rows, the prompts table {expected}")
+        raise RuntimeError(f"{generations}: the shards hold {held} rows, the prompts table's turns {expected}")
     sources = [_ShardRows(path, batching) for path in shard_generations]
     merged = dict(provenance[0])
     merged["shards"] = provenance
     with TableWriter(generations, GENERATIONS_SCHEMA, batching) as writer:
-        for keys in iter_batches(prompts, batching, columns=["id", "sample_index"]):
-            owners = [shard_of(k["id"], shards) if shards > 1 else 0 for k in keys]
+        for keys in iter_batches(prompts, batching, columns=["id", "sample_index", "status", "turn_ends"]):
+            owners = [(shard_of(k["id"], shards) if shards > 1 else 0, rows_of(k)) for k in keys]
             pieces = []
-            for shard, run in itertools.groupby(owners):
-                pieces += sources[shard].take(sum(1 for _ in run))
+            for shard, run in itertools.groupby(owners, key=lambda o: o[0]):
+                pieces += sources[shard].take(sum(n for _, n in run))
             table = pa.Table.from_batches(pieces)
             got = zip(table.column("id").to_pylist(), table.column("sample_index").to_pylist())
-            for k, (row_id, sample) in zip(keys, got):
-                if (row_id, sample) != (k["id"], k["sample_index"]):
+            expected_keys = ((k["id"], k["sample_index"]) for k in keys for _ in range(rows_of(k)))
+            for k, (row_id, sample) in zip(expected_keys, got):
+                if (row_id, sample) != k:
                     raise RuntimeError(
-                        f"{generations}: prompt row {k['id']}.{k['sample_index']} meets shard row "
+                        f"{generations}: prompt row {k[0]}.{k[1]} meets shard row "
                         f"{row_id}.{sample}: the shards are not in prompt order"
                     )
             writer.write_arrow(table)

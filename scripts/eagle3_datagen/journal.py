@@ -2,7 +2,7 @@
 
 One JSON line per finished row (ok or failed). Lines are flushed as they are written and fsync'd in
 batches, so a kill loses at most the unsynced tail, and those rows are simply requested again —
-never written twice, because the journal is keyed by (id, sample_index) and the last entry wins.
+never written twice, because the journal is keyed by (id, sample_index, turn) and the last entry wins.
 A torn last line (a kill mid-write) is cut off when the journal is opened.
 
 The journal doubles as the generation cache: an ok entry is reused for any row whose request
@@ -26,6 +26,11 @@ log = logging.getLogger(__name__)
 
 # Where a line lies: (file number, byte offset, length without the newline).
 Ref = tuple[int, int, int]
+
+
+def entry_key(entry: dict) -> tuple[str, int, int]:
+    """(id, sample_index, turn) of an entry; entries of single-turn rows may leave the turn out."""
+    return (entry["id"], int(entry["sample_index"]), int(entry.get("turn", 0)))
 
 
 class Journal:
@@ -76,7 +81,7 @@ class Journal:
                     break  # no newline: the last write was cut short
                 try:
                     entry = orjson.loads(line)
-                    key = (entry["id"], int(entry["sample_index"]))
+                    key = entry_key(entry)
                 except (ValueError, KeyError, TypeError):
                     log.warning("journal %s: unreadable entry at byte %d; ignoring the rest", path, pos)
                     break
@@ -106,14 +111,14 @@ class Journal:
         ref = self._by_fingerprint.get(fingerprint)
         return None if ref is None else self._read(ref)
 
-    def entry(self, key: tuple[str, int]) -> dict | None:
-        """The last entry this journal holds for (id, sample_index), if any."""
-        ref = self._keys.get(key)
+    def entry(self, key: tuple) -> dict | None:
+        """The last entry this journal holds for (id, sample_index, turn), if any ((id, sample_index): turn 0)."""
+        ref = self._keys.get(key if len(key) == 3 else (*key, 0))
         return None if ref is None else self._read(ref)
 
     @property
     def entries(self) -> Mapping:
-        """(id, sample_index) -> last entry, read from the file as it is looked at."""
+        """(id, sample_index, turn) -> last entry, read from the file as it is looked at."""
         return _Entries(self)
 
     def append(self, entry: dict) -> None:
@@ -122,7 +127,7 @@ class Journal:
         self._fh.write(line)
         self._fh.flush()
         self._size += len(line)
-        self._keys[(entry["id"], int(entry["sample_index"]))] = ref
+        self._keys[entry_key(entry)] = ref
         if entry.get("status") == "ok" and entry.get("fingerprint"):
             self._by_fingerprint[entry["fingerprint"]] = ref
         self._unsynced += 1

@@ -26,6 +26,8 @@ PATHS = {
     "train": "results/dataset/train.jsonl",
     # summarize, plot_checks
     "summary": "results/summary.tsv",
+    "turns_summary": "results/turns.tsv",
+    "turns_png": "results/plots/turns.png",
     "lengths_png": "results/plots/lengths.png",
     "verdicts_png": "results/plots/verdicts.png",
     "token_share_png": "results/plots/token_share.png",

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from .client import Request, RequestTemplate
 from .journal import Journal
-from .settings import ModelProfile
+from .settings import Budget, ModelProfile
 from .tables import Batching, iter_rows, read_provenance
+from .turns import TurnBuilder, walk
 
 log = logging.getLogger(__name__)
 
@@ -33,20 +34,37 @@ class Plan:
     skipped: int = 0
     prompt_tokens_to_send: int = 0
     max_new_tokens_to_send: int = 0
+    # Turns after the ones to send: a later turn's prompt holds the answer to the turn before, so
+    # it is known only once that answer is; each is at most one more request.
+    later_turns: int = 0
+    # Turns that a conversation's journalled answers already ended (a cut answer, a tool mismatch).
+    ended_turns: int = 0
 
     def summary(self) -> dict:
-        """The cost preview: what a run would send, and what it already has."""
+        """The cost preview: what a run would send, and what it already has (counted in turns)."""
         return {
             "to_send": self.to_send,
             "reused": self.reused,
             "skipped": self.skipped,
             "prompt_tokens_to_send": self.prompt_tokens_to_send,
             "max_new_tokens_to_send": self.max_new_tokens_to_send,
+            "later_turns": self.later_turns,
+            "ended_turns": self.ended_turns,
         }
 
 
 # The prompts table's columns that planning and sending read (not the messages).
-PLAN_COLUMNS = ["id", "sample_index", "prompt_ids", "max_new_tokens", "seed", "status"]
+PLAN_COLUMNS = [
+    "id",
+    "sample_index",
+    "prompt_ids",
+    "max_new_tokens",
+    "seed",
+    "status",
+    "messages",
+    "tools",
+    "turn_ends",
+]
 
 
 # Weights up to this size are hashed whole; larger checkpoints are identified by file names and sizes.
@@ -105,42 +123,61 @@ def make_template(facts: dict, profile: ModelProfile, sampling: dict, engine: di
     )
 
 
-def request_of(row: dict, template: RequestTemplate) -> Request:
-    """The request of a usable prompts row, with its fingerprint."""
-    req = Request(row["id"], int(row["sample_index"]), row["prompt_ids"], int(row["max_new_tokens"]), int(row["seed"]))
-    req.fingerprint = template.fingerprint(req)
-    return req
+def make_builder(facts: dict, profile: ModelProfile, sampling: dict, engine: dict, budget: dict) -> TurnBuilder:
+    """The requests of a category's conversations (`turns.TurnBuilder`), from its prompts table's facts;
+    `budget` (max_new_tokens, min_new_tokens, reserve_tokens) sizes the later turns' answers."""
+    return TurnBuilder(
+        make_template(facts, profile, sampling, engine),
+        profile,
+        Budget(**budget),
+        tokenizer_sha256=facts.get("tokenizer_sha256"),
+    )
 
 
-def plan_rows(rows: Iterable[dict], template: RequestTemplate, journal: Journal | None):
-    """(row, its request or None when skipped, the journalled result it reuses or None), row by row."""
+def journalled(journal: Journal | None):
+    """The reusable (ok) result of a request, from the journal."""
+    return (lambda req: journal.reusable(req.fingerprint)) if journal is not None else (lambda req: None)
+
+
+def make_plan(rows: Iterable[dict], builder: TurnBuilder, journal: Journal | None) -> Plan:
+    """Walk each conversation through the journal: its journalled turns are reused, the first turn
+    without an answer is sent, the turns after it are `later_turns`."""
+    result = Plan()
+    reusable = journalled(journal)
     for row in rows:
         if row["status"] != "ok":
-            yield row, None, None
-            continue
-        req = request_of(row, template)
-        yield row, req, journal.reusable(req.fingerprint) if journal is not None else None
-
-
-def make_plan(rows: Iterable[dict], template: RequestTemplate, journal: Journal | None) -> Plan:
-    result = Plan()
-    for _, req, reused in plan_rows(rows, template, journal):
-        if req is None:
             result.skipped += 1
-        elif reused is not None:
-            result.reused += 1
-        else:
+            continue
+        conversation = builder.start(row)
+        for step in walk(conversation, reusable):
+            if step.result is not None:
+                result.reused += 1
+                continue
             result.to_send += 1
-            result.prompt_tokens_to_send += len(req.prompt_ids)
-            result.max_new_tokens_to_send += req.max_new_tokens
+            result.prompt_tokens_to_send += len(step.request.prompt_ids)
+            result.max_new_tokens_to_send += step.request.max_new_tokens
+            result.later_turns += conversation.turns - step.request.turn - 1
+        if conversation.end_reason is not None:
+            result.ended_turns += conversation.turns - conversation.turn - 1
     return result
 
 
-def requests_to_send(rows: Iterable[dict], template: RequestTemplate, journal: Journal | None) -> Iterator[Request]:
-    """The requests a plan sends, made as they are drawn."""
-    for _, req, reused in plan_rows(rows, template, journal):
-        if req is not None and reused is None:
-            yield req
+def requests_to_send(
+    rows: Iterable[dict], builder: TurnBuilder, journal: Journal | None, in_flight: dict | None = None
+) -> Iterator[Request]:
+    """The requests a plan sends, made as they are drawn: each conversation's first turn without a
+    journalled answer. `in_flight` gets each request's conversation, by request key, so that the
+    answer's follow-up can make the next turn."""
+    reusable = journalled(journal)
+    for row in rows:
+        if row["status"] != "ok":
+            continue
+        conversation = builder.start(row)
+        for step in walk(conversation, reusable):
+            if step.result is None:
+                if in_flight is not None:
+                    in_flight[step.request.key] = conversation
+                yield step.request
 
 
 def shard_of(row_id: str, shards: int) -> int:
@@ -174,17 +211,19 @@ def plan_generation(
     engine: dict,
     cache_dir: str,
     shards: int,
+    budget: dict,
     batch: dict | None = None,
 ) -> dict:
-    """Write the plan of one shard: rows to send, already generated, skipped (no server, no tokenizer)."""
-    template = make_template(read_provenance(prompts), ModelProfile.from_config(model), sampling, engine)
+    """Write the plan of one shard: turns to send, already generated, skipped (no server; the
+    tokenizer only to follow conversations whose earlier turns the journal holds)."""
+    builder = make_builder(read_provenance(prompts), ModelProfile.from_config(model), sampling, engine, budget)
     with open_journal(cache_dir, category, shard, shards, read_only=True) as journal:
         rows = iter_rows(prompts, Batching.from_config(batch), columns=PLAN_COLUMNS)
         summary = {
             "category": category,
             "shard": shard,
             "shards": shards,
-            **make_plan(shard_rows(rows, shard, shards), template, journal).summary(),
+            **make_plan(shard_rows(rows, shard, shards), builder, journal).summary(),
         }
     plan.parent.mkdir(parents=True, exist_ok=True)
     plan.write_text(json.dumps(summary, indent=2) + "\n")

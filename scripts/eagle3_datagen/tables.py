@@ -5,7 +5,6 @@ Steps read and write tables in bounded batches (`Batching`): a category of any s
 a step's memory a batch at a time, never whole.
 """
 
-import itertools
 import json
 import logging
 import os
@@ -31,6 +30,9 @@ PROMPTS_SCHEMA = pa.schema(
         ("tools", pa.string()),
         ("messages_sha256", pa.string()),
         ("prompt_ids", IDS),
+        # Where each regenerated turn's history ends in `messages` (one entry per turn; prompt_ids
+        # are the first turn's prompt). turns: last has one entry, the whole conversation.
+        ("turn_ends", IDS),
         ("n_prompt_tokens", pa.int32()),
         ("max_new_tokens", pa.int32()),
         ("seed", pa.int64()),
@@ -43,7 +45,11 @@ GENERATIONS_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
         ("sample_index", pa.int32()),
+        ("turn", pa.int32()),
         ("category", pa.string()),
+        # The turn's prompt as messages (later turns: with the model's own earlier answers) and tools.
+        ("messages", pa.string()),
+        ("tools", pa.string()),
         ("prompt_ids", IDS),
         ("output_ids", IDS),
         ("finish_type", pa.string()),
@@ -127,29 +133,6 @@ def iter_rows(
     """A table's rows one by one, read a batch at a time."""
     for rows in iter_batches(path, batching, columns):
         yield from rows
-
-
-def paired_batches(
-    first: str | Path,
-    second: str | Path,
-    batching: Batching = DEFAULT_BATCHING,
-    first_columns: list[str] | None = None,
-    second_columns: list[str] | None = None,
-) -> Iterator[tuple[list[dict], list[dict]]]:
-    """Batches of two row-aligned tables side by side (a generations table and the prompts table it
-    was made from): each pair holds the same rows, by (id, sample_index), in the same order.
-    Tables out of step are an error, never a silent mismatch."""
-    others = iter_rows(second, batching, second_columns)
-    for rows in iter_batches(first, batching, first_columns):
-        partners = list(itertools.islice(others, len(rows)))
-        for a, b in itertools.zip_longest(rows, partners):
-            if b is None or (a["id"], a["sample_index"]) != (b["id"], b["sample_index"]):
-                theirs = "nothing" if b is None else f"{b['id']}.{b['sample_index']}"
-                raise ValueError(f"{first} row {a['id']}.{a['sample_index']} meets {theirs} in {second}: out of step")
-        yield rows, partners
-    extra = next(others, None)
-    if extra is not None:
-        raise ValueError(f"{second} holds rows past the end of {first} (from {extra['id']}.{extra['sample_index']})")
 
 
 def logged(batches: Iterable, total: int, label: str, interval_s: float = 30.0) -> Iterator:

@@ -17,6 +17,7 @@ from .prompts import PromptRow, ReadOptions, iter_prompts
 from .settings import Budget, ModelProfile, stable_hash
 from .tables import PROMPTS_SCHEMA, Batching, TableWriter
 from .templating import CONTROL_TOKEN_POLICY, ChatTokenizer, load_tokenizer, output_budget, token_facts
+from .turns import turn_ends
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ def tokenize_prompts(
     on_bad_rows: str,
     allow_empty: bool = False,
     reading: dict | None = None,
+    turns: str = "last",
     batch: dict | None = None,
 ) -> None:
     """Tokenize one category's prompt file `source` into the prompts table `prompts`, a batch at a time."""
@@ -59,6 +61,7 @@ def tokenize_prompts(
                 category=category,
                 samples_per_prompt=samples_per_prompt,
                 base_seed=seed,
+                turns=turns,
             )
             tally.add(rows, table)
             writer.write(table)
@@ -85,12 +88,15 @@ def tokenize_prompts(
             "on_bad_rows": on_bad_rows,
             "allow_empty": allow_empty,
             "reading": reading,
+            "turns": turns,
         }
         provenance = {
             "prompts_file": str(source),
             **token_facts(tokenizer, profile),
             "control_token_policy": CONTROL_TOKEN_POLICY,
             "normalization": tally.normalization,
+            "turns": turns,
+            "max_turns": tally.max_turns,
             "params": params,
         }
         writer.close(provenance)
@@ -112,7 +118,7 @@ class Tally:
     FIRST = 50
 
     def __init__(self):
-        self.rows = self.skipped = self.prompt_tokens = 0
+        self.rows = self.skipped = self.prompt_tokens = self.max_turns = 0
         self.reasons: Counter = Counter()
         self.first_skipped: list[str] = []
         self.normalization: dict[str, int] = {}
@@ -123,6 +129,7 @@ class Tally:
             self.normalization[kind] = self.normalization.get(kind, 0) + n
         for r in table:
             self.prompt_tokens += r["n_prompt_tokens"]
+            self.max_turns = max(self.max_turns, len(r["turn_ends"]))
             if r["status"] == "skipped" and r["sample_index"] == 0:
                 self.skipped += 1
                 self.reasons[reason_kind(r["reason"])] += 1
@@ -174,10 +181,15 @@ def build_prompt_rows(
     category: str,
     samples_per_prompt: int = 1,
     base_seed: int = 0,
+    turns: str = "last",
 ) -> list[dict]:
-    """Prompt table rows: one per (id, sample_index); skipped rows keep their reason."""
+    """Prompt table rows: one per (id, sample_index); skipped rows keep their reason.
+
+    `prompt_ids` are the first regenerated turn's prompt: with `turns: last` the whole conversation,
+    with `turns: all` the history up to the first user message an assistant answers (`turn_ends`)."""
     usable = [r for r in rows if r.ok]
-    tokenized = chat.tokenize([r.messages for r in usable], [r.tools for r in usable])
+    ends = {id(r): turn_ends(r.messages, turns) for r in usable}
+    tokenized = chat.tokenize([r.messages[: ends[id(r)][0]] for r in usable], [r.tools for r in usable])
     by_id = dict(zip((id(r) for r in usable), tokenized))
     out = []
     for row in rows:
@@ -204,6 +216,7 @@ def build_prompt_rows(
                     "tools": json.dumps(row.tools, ensure_ascii=False) if row.tools else "",
                     "messages_sha256": stable_hash([row.messages, row.tools]),
                     "prompt_ids": prompt_ids,
+                    "turn_ends": ends.get(id(row), []) if reason is None else [],
                     "n_prompt_tokens": len(prompt_ids),
                     "max_new_tokens": max_new,
                     "seed": row_seed(base_seed, row.id, sample_index),

@@ -73,6 +73,26 @@ def _reading(config: dict, category: dict) -> dict:
     return asdict(ReadOptions.from_category(category, int(config["seed"])))
 
 
+def _cell(category: dict, key: str):
+    value = category.get(key)
+    return None if value is None or value != value or value == "" else value
+
+
+def _turns(config: dict, category: dict) -> str:
+    return str(_cell(category, "turns") or config.get("turns", "all"))
+
+
+def _export(config: dict, category: dict) -> dict:
+    """The export block, with the category's merge_turns where its row of the sheet sets one."""
+    from .settings import defaults
+
+    export = defaults("export", **config.get("export", {}))
+    merge = _cell(category, "merge_turns")
+    if merge is not None:
+        export["merge_turns"] = merge if isinstance(merge, bool) else str(merge).lower() in ("true", "1", "yes")
+    return export
+
+
 def _samples_per_prompt(config: dict, category: dict) -> int:
     value = category.get("samples_per_prompt")
     return int(value) if value is not None and value == value else int(config["samples_per_prompt"])
@@ -96,7 +116,8 @@ PARAMS = {
     "max_failed_share": lambda config, category: float(config["max_failed_share"]),
     "cache_dir": lambda config, category: str(config["cache_dir"]),
     "shards": lambda config, category: shard_count(category),
-    "export": lambda config, category: config["export"],
+    "export": _export,
+    "turns": _turns,
     "categories": lambda config, category: list(load_sheet(config["categories"])["category"]),
     "demo_model": lambda config, category: config["demo_model"],
     "batch": lambda config, category: dict(config["batch"]),

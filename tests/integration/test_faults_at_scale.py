@@ -15,6 +15,8 @@ from collections import Counter, defaultdict
 import pytest
 from workdir import ROOT, Workdir
 
+from eagle3_datagen.client import parse_rid
+
 pytestmark = pytest.mark.slow
 
 N = 500
@@ -69,8 +71,8 @@ def generate_cmd(wd):
 def served_by_run(wd):
     runs = defaultdict(list)
     for entry in wd.engine_record("big"):
-        row_id, sample, nonce, _attempt = entry["rid"].rsplit(".", 3)
-        runs[nonce].append(((row_id, int(sample)), entry))
+        (row_id, sample, _turn), nonce, _attempt = parse_rid(entry["rid"])
+        runs[nonce].append(((row_id, sample), entry))
     return sorted(runs.values(), key=lambda entries: min(e["t_start"] for _, e in entries))
 
 
@@ -194,8 +196,8 @@ def sigkill_ten_times(wd):
     assert len(journal) == len(set(journal)) == N  # each row journalled once
     served = {}
     for entry in wd.engine_record("big"):
-        row_id, sample, _nonce, _attempt = entry["rid"].rsplit(".", 3)
-        key = (row_id, int(sample))
+        (row_id, sample, _turn), _nonce, _attempt = parse_rid(entry["rid"])
+        key = (row_id, sample)
         run = max(i for i, t in enumerate(run_starts) if t <= entry["t_start"])
         assert key not in done_before_run[run], f"run {run} requested {key}, finished before it started"
         if entry["status"] == 200:

@@ -10,6 +10,8 @@ from collections import defaultdict
 import pytest
 from workdir import ROOT, SNAKEMAKE, Workdir
 
+from eagle3_datagen.client import parse_rid
+
 pytestmark = pytest.mark.slow
 
 
@@ -27,8 +29,8 @@ def by_run(record):
     """Engine record entries grouped by the client's run nonce ({id}.{sample}.{nonce}.{attempt})."""
     runs = defaultdict(list)
     for entry in record:
-        row_id, sample, nonce, _attempt = entry["rid"].rsplit(".", 3)
-        runs[nonce].append(((row_id, int(sample)), entry))
+        (row_id, sample, _turn), nonce, _attempt = parse_rid(entry["rid"])
+        runs[nonce].append(((row_id, sample), entry))
     return runs
 
 
@@ -111,3 +113,97 @@ def test_sigkill_mid_run_then_rerun_gives_every_row_exactly_once(scripted):
     for r in rows:
         if (r["id"], 0) in done_before:
             assert r["output_ids"] == served_first[(r["id"], 0)]
+
+
+def conversations(n, turns=4, prefix="m"):
+    """Conversations of `turns` user turns, the original answers in between (replaced by the model's)."""
+    rows = []
+    for i in range(n):
+        messages = []
+        for k in range(turns):
+            if k:
+                messages.append({"role": "assistant", "content": f"An original answer {k}."})
+            messages.append({"role": "user", "content": f"Conversation {i}, question {k}: what is {i} + {k}?"})
+        rows.append({"id": f"{prefix}-{i:03d}", "messages": messages})
+    return rows
+
+
+def ok_turns(journal):
+    import json
+
+    done = set()
+    for line in journal.read_text().splitlines() if journal.exists() else []:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a torn tail
+        if entry["status"] == "ok":
+            done.add((entry["id"], entry["sample_index"], entry.get("turn", 0)))
+    return done
+
+
+def test_sigkill_at_random_points_of_a_multi_turn_run_gives_every_turn_exactly_once(scripted):
+    import random
+
+    rng = random.Random()
+    seed = rng.randrange(10**6)
+    rng.seed(seed)
+    n, turns = 24, 4
+    wd = scripted(
+        {"talk": conversations(n, turns)},
+        engine_args="--latency-ms 50:200",
+        client={"concurrency": 4, "max_retries": 3, "progress_interval_s": 1},
+        max_new_tokens=400,
+        turns="all",
+    )
+    target = "results/generations/talk.parquet"
+    cmd = SNAKEMAKE + ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(wd.path), "--cores", "1", target]
+    journal = wd.path / "cache" / "journal" / "talk" / "shard_0-of-1.jsonl"
+    done_before_run = []  # the ok turns journalled when each run started
+    for kill in range(2):
+        done_before_run.append(ok_turns(journal))
+        at = len(done_before_run[-1]) + rng.randint(5, 25)  # a random point of this run
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=wd.env()
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(ok_turns(journal)) < at:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)  # snakemake, the job and (by its parent watch) the engine
+        proc.wait()
+        assert len(ok_turns(journal)) >= at, f"seed {seed}: run {kill} never journalled {at} turns"
+        wd.snakemake("--unlock")
+    done_before_run.append(ok_turns(journal))
+    wd.snakemake("--cores", "1", "--rerun-incomplete", target)
+    from eagle3_datagen.tables import read_rows
+
+    rows = read_rows(wd.path / target)
+    keys = [(r["id"], r["sample_index"], r["turn"]) for r in rows]
+    assert len(keys) == n * turns and len(set(keys)) == n * turns, f"seed {seed}"
+    produced = {k for k, r in zip(keys, rows) if r["status"] == "ok"}
+    assert len(produced) > n, f"seed {seed}: later turns were made"  # more than the first turns
+    ended = [r for r in rows if r["status"] != "ok"]
+    assert all(r["status"] == "skipped" and r["error"].startswith("conversation ended") for r in ended)
+
+    # No completed turn is requested again: each run sends only turns no earlier run finished.
+    runs: dict[str, list] = defaultdict(list)
+    first_seen: dict[str, float] = {}
+    for entry in wd.engine_record("talk"):
+        key, nonce, _attempt = parse_rid(entry["rid"])
+        runs[nonce].append((key, entry))
+        first_seen[nonce] = min(first_seen.get(nonce, entry["t_start"]), entry["t_start"])
+    order = sorted(runs, key=first_seen.get)
+    assert len(order) == 3, f"seed {seed}: {len(order)} runs"
+    for before, nonce in zip(done_before_run, order):
+        resent = {key for key, _ in runs[nonce]} & before
+        assert not resent, f"seed {seed}: completed turns requested again: {sorted(resent)[:5]}"
+    # Each row holds what the engine served for its turn (the answer journalled first, if it was
+    # sent twice because a kill came between the answer and its journal line).
+    served = defaultdict(list)
+    for nonce in order:
+        for key, entry in runs[nonce]:
+            if entry.get("status") == 200:
+                served[key].append((entry["input_ids"], entry["output_ids"]))
+    for key, r in zip(keys, rows):
+        if r["status"] == "ok":
+            assert (r["prompt_ids"], r["output_ids"]) in served[key], f"seed {seed}: {key}"

@@ -7,6 +7,8 @@ import time
 import pytest
 from workdir import Workdir
 
+from eagle3_datagen.client import parse_rid
+
 pytestmark = pytest.mark.slow
 
 
@@ -79,6 +81,6 @@ def test_a_server_that_dies_mid_run_leaves_a_journal_to_resume_from(workdir):
 
     wd.engine_args = ""
     wd.snakemake("--cores", "1", "results/generations/srv.parquet")
-    resent = [e["rid"].rsplit(".", 3)[0] for e in wd.engine_record("srv")[served_before:]]
+    resent = [parse_rid(e["rid"])[0][0] for e in wd.engine_record("srv")[served_before:]]
     assert not set(resent) & done
     assert len(resent) == 20 - len(done)

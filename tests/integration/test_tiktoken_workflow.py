@@ -6,6 +6,7 @@ import json
 import pytest
 from workdir import Workdir, demo_rows
 
+from eagle3_datagen.client import parse_rid
 from eagle3_datagen.tables import read_rows
 
 pytestmark = pytest.mark.slow
@@ -34,9 +35,9 @@ def tiktoken_run(tmp_path_factory, kimi_tiktoken_dir):
 
 def test_every_row_is_accounted_and_the_literal_row_is_data(tiktoken_run):
     wd = tiktoken_run
-    dataset = {r["id"]: r for r in wd.jsonl("results/dataset/chat.jsonl")}
-    rejected = {r["id"]: r for r in wd.jsonl("results/dataset/chat.rejected.jsonl")}
-    assert len(dataset) + len(rejected) == 10 and "literal" in dataset
+    dataset = {r["id"]: r for r in wd.jsonl("results/dataset/chat.jsonl") if r["turn"] == 0}
+    rejected = {r["id"]: r for r in wd.jsonl("results/dataset/chat.rejected.jsonl") if r["turn"] == 0}
+    assert len(dataset) + len(rejected) == 10 and "literal" in dataset  # every input row's first turn
     broken = next(r for r in rejected.values() if r["status"] == "skipped")
     assert broken["reason"].startswith("config/prompts/chat.jsonl:10: malformed JSON")
     prompt = [r for r in read_rows(wd.path / "results" / "prompts" / "chat.parquet") if r["id"] == "literal"][0][
@@ -48,10 +49,10 @@ def test_every_row_is_accounted_and_the_literal_row_is_data(tiktoken_run):
 
 def test_exported_tokens_are_what_the_engine_generated(tiktoken_run):
     wd = tiktoken_run
-    served = {e["rid"].rsplit(".", 2)[0]: e for e in wd.engine_record() if e["status"] == 200}
+    served = {parse_rid(e["rid"])[0]: e for e in wd.engine_record() if e["status"] == 200}
     for category in ("chat", "code"):
         for row in wd.jsonl(f"results/dataset/{category}.jsonl"):
-            entry = served[f"{row['id']}.{row['sample_index']}"]
+            entry = served[(row["id"], row["sample_index"], row["turn"] + row["turns"] - 1)]
             assert row["input_ids"] == entry["input_ids"] + entry["output_ids"]
 
 

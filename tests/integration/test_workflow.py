@@ -7,13 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 from workdir import ROOT, Workdir, demo_rows
 
+from eagle3_datagen.client import parse_rid
+
 pytestmark = pytest.mark.slow
-
-
-def rid_key(rid: str) -> tuple[str, int]:
-    """Our rids are {id}.{sample}.{nonce}.{attempt}; ids may themselves contain dots."""
-    row_id, sample, _nonce, _attempt = rid.rsplit(".", 3)
-    return row_id, int(sample)
 
 
 @pytest.fixture(scope="module")
@@ -36,22 +32,41 @@ def demo_run(tmp_path_factory, demo_model_dir):
     return wd
 
 
+def exported_turns(row):
+    """The (id, sample, turn) keys a dataset row holds (several when merge_turns joined turns)."""
+    return [(row["id"], row["sample_index"], t) for t in range(row["turn"], row["turn"] + row["turns"])]
+
+
 def test_every_row_ends_in_exactly_one_place(demo_run):
+    from collections import Counter
+
+    from eagle3_datagen.tables import read_rows
+
     wd = demo_run
     summary = {
         row.split("\t")[0]: row.split("\t") for row in (wd.path / "results" / "summary.tsv").read_text().splitlines()
     }
     header = summary.pop("category")
     col = {name: i for i, name in enumerate(header)}
+    turns = [line.split("\t") for line in (wd.path / "results" / "turns.tsv").read_text().splitlines()[1:]]
     for category, n_input in (("math", 9), ("code", 6), ("chat", 8)):
+        generations = read_rows(wd.path / "results" / "generations" / f"{category}.parquet")
+        # Every input row is a conversation with a row per turn: its turn 0 is there, once per input.
+        assert sum(r["turn"] == 0 for r in generations) == n_input
+        expected = Counter((r["id"], r["sample_index"], r["turn"]) for r in generations)
         exported = wd.jsonl(f"results/dataset/{category}.jsonl")
         rejected = wd.jsonl(f"results/dataset/{category}.rejected.jsonl")
-        keys = [(r["id"], r["sample_index"]) for r in exported] + [(r["id"], r["sample_index"]) for r in rejected]
-        assert len(keys) == n_input
+        keys = [k for r in exported for k in exported_turns(r)] + [
+            (r["id"], r["sample_index"], r["turn"]) for r in rejected
+        ]
+        assert Counter(keys) == expected
         row = summary[category]
-        assert int(row[col["rows"]]) == n_input
-        assert sum(int(row[col[s]]) for s in ("ok", "skipped", "failed", "filtered")) == n_input
-        assert int(row[col["ok"]]) == len(exported)
+        assert int(row[col["rows"]]) == len(generations)
+        assert sum(int(row[col[s]]) for s in ("ok", "skipped", "failed", "filtered")) == len(generations)
+        assert int(row[col["ok"]]) == sum(r["turns"] for r in exported)
+        assert sum(int(t[4]) for t in turns if t[0] == category) == len(generations)
+    # The demo's multi-turn conversations got later turns.
+    assert any(int(t[1]) > 0 and t[2] == "ok" for t in turns)
     rejected = {r["id"]: r for r in wd.jsonl("results/dataset/math.rejected.jsonl")}
     prompts_file = "config/prompts/math.jsonl"
     assert (
@@ -68,20 +83,24 @@ def test_every_row_ends_in_exactly_one_place(demo_run):
 def test_exported_tokens_are_exactly_what_the_engine_generated(demo_run):
     wd = demo_run
     for category in ("math", "code", "chat"):
-        served = {rid_key(r["rid"]): r for r in wd.engine_record(category) if r.get("status") == 200}
+        served = {parse_rid(r["rid"])[0]: r for r in wd.engine_record(category) if r.get("status") == 200}
         exported = wd.jsonl(f"results/dataset/{category}.jsonl")
         assert exported, category
         for row in exported:
-            engine_row = served[(row["id"], row["sample_index"])]
-            n_prompt = row["n_prompt_tokens"]
-            assert row["input_ids"][:n_prompt] == engine_row["input_ids"]
-            assert row["input_ids"][n_prompt:] == engine_row["output_ids"]
-            assert row["loss_mask"] == [0] * n_prompt + [1] * len(engine_row["output_ids"])
+            turns = [served[k] for k in exported_turns(row)]
+            last = turns[-1]
+            # The row is the last turn's sequence as sent and generated; the loss is on the output of
+            # each turn it holds, exactly as the engine generated it.
+            assert row["input_ids"] == last["input_ids"] + last["output_ids"]
+            assert [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m] == [
+                t for turn in turns for t in turn["output_ids"]
+            ]
+            assert row["loss_mask"][-len(last["output_ids"]) :] == [1] * len(last["output_ids"])
             # Kimi-K2.5 shape: the prompt ends with <think>, and the answer ends with the stop token
             # unless it ran out of budget.
-            assert engine_row["input_ids"][-1] == 163606
+            assert all(turn["input_ids"][-1] == 163606 for turn in turns)
             if row["finish_type"] == "stop":
-                assert engine_row["output_ids"][-1] == 163586
+                assert last["output_ids"][-1] == 163586
 
 
 def test_each_request_carries_every_sampling_value(demo_run):

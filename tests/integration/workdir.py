@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from eagle3_datagen.client import parse_rid
+
 ROOT = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
@@ -121,5 +123,5 @@ class Workdir:
                 entries += [json.loads(line) for line in fh if line.strip()]
         if category is not None:
             ids = self.ids[category]
-            entries = [e for e in entries if e["rid"] and e["rid"].rsplit(".", 3)[0] in ids]
+            entries = [e for e in entries if e["rid"] and parse_rid(e["rid"])[0][0] in ids]
         return sorted(entries, key=lambda e: e["t_end"])

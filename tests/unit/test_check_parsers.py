@@ -41,7 +41,7 @@ class Rows:
 
     def __init__(self, tokenizer, profile):
         self.tok, self.profile = tokenizer, profile
-        self.gens, self.prompts = [], []
+        self.gens = []
 
     def id(self, token):
         return self.tok.convert_tokens_to_ids(token)
@@ -64,25 +64,19 @@ class Rows:
             {
                 "id": name,
                 "sample_index": 0,
+                "turn": 0,
                 "status": "ok",
+                "messages": json.dumps(messages),
+                "tools": json.dumps(tools) if tools else "",
                 "prompt_ids": prompt_ids,
                 "output_ids": out,
                 "finish_type": finish,
                 "finish_matched": str(out[-1]) if finish == "stop" else "",
             }
         )
-        self.prompts.append(
-            {
-                "id": name,
-                "sample_index": 0,
-                "status": "ok",
-                "messages": json.dumps(messages),
-                "tools": json.dumps(tools) if tools else "",
-            }
-        )
 
     def check(self):
-        rows = parser_check.check_rows(self.gens, self.prompts, tokenizer=self.tok, profile=self.profile)
+        rows = parser_check.check_rows(self.gens, tokenizer=self.tok, profile=self.profile)
         return {r["id"]: r for r in rows}
 
 

@@ -34,10 +34,12 @@ def make_row(tok, profile, row_id, text="What is 2+2?"):
         + tok.encode("4", add_special_tokens=False)
         + [token_id(tok, "<|im_end|>")]
     )
-    prompt = {"id": row_id, "sample_index": 0, "status": "ok", "messages": json.dumps(messages), "tools": ""}
     gen = {
         "id": row_id,
         "sample_index": 0,
+        "turn": 0,
+        "messages": json.dumps(messages),
+        "tools": "",
         "status": "ok",
         "prompt_ids": prompt_ids,
         "output_ids": answer,
@@ -45,13 +47,13 @@ def make_row(tok, profile, row_id, text="What is 2+2?"):
         "finish_matched": str(answer[-1]),
         "max_new_tokens": 64,
     }
-    return prompt, gen
+    return gen
 
 
 def run(tok, profile, mutate):
-    prompt, gen = make_row(tok, profile, "r1")
+    gen = make_row(tok, profile, "r1")
     mutate(gen, tok)
-    return check_sequences([gen], [prompt], tokenizer=tok, profile=profile)
+    return check_sequences([gen], tokenizer=tok, profile=profile)
 
 
 def test_a_well_formed_row_passes(kimi):
@@ -93,8 +95,7 @@ def test_a_length_finish_needs_no_stop_token(kimi):
 
 def test_rows_that_were_not_generated_are_not_checked(kimi):
     tok, profile = kimi
-    prompt, gen = make_row(tok, profile, "r1")
-    skipped_prompt = dict(prompt, status="skipped")
+    gen = make_row(tok, profile, "r1")
     skipped = dict(gen, status="skipped", prompt_ids=[], output_ids=[])
-    report = check_sequences([gen, skipped], [prompt, skipped_prompt], tokenizer=tok, profile=profile)
+    report = check_sequences([gen, skipped], tokenizer=tok, profile=profile)
     assert report.checked == 1 and report.violations == []

@@ -2,17 +2,19 @@
 
 import json
 
+import pyarrow.parquet as pq
 import pytest
 
 from eagle3_datagen.export_dataset import Filters, export_category, merge_datasets, split_rows
 
 
-def gen(i, *, status="ok", finish="stop", output=(5, 6, 7), error=""):
+def gen(i, *, status="ok", finish="stop", output=(5, 6, 7), error="", turn=0, prompt=None):
     return {
         "id": f"r{i}",
         "sample_index": 0,
+        "turn": turn,
         "category": "c",
-        "prompt_ids": [1, 2, 3, i],
+        "prompt_ids": list(prompt) if prompt is not None else [1, 2, 3, i],
         "output_ids": list(output),
         "finish_type": finish,
         "status": status,
@@ -30,13 +32,11 @@ def test_rows_hold_prompt_plus_output_and_mask_only_the_output(tmp_path):
         parquet=tmp_path / "c.parquet",
         rejected=tmp_path / "c.rejected.jsonl",
     )
-    assert counts == {"exported": 2, "rejected": 0}
+    assert counts == {"exported": 2, "rejected": 0, "merge_turns": False, "turns_merged": 0, "turns_not_merged": {}}
     out = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
     assert out[0]["input_ids"] == [1, 2, 3, 1, 5, 6, 7]
     assert out[0]["loss_mask"] == [0, 0, 0, 0, 1, 1, 1]
     assert out[1]["loss_mask"] == [0] * 4 + [1] * 10
-    import pyarrow.parquet as pq
-
     assert pq.read_table(tmp_path / "c.parquet").to_pylist()[0]["input_ids"] == out[0]["input_ids"]
 
 
@@ -48,7 +48,7 @@ def test_every_row_lands_in_exactly_one_place():
         gen(4, finish="length"),
     ]
     dataset, rejected = split_rows(rows, Filters.from_config(drop_truncated=True))
-    assert [r["id"] for r in dataset] == ["r1"]
+    assert [r["id"] for r in dataset] == ["r1"] and dataset[0]["output_ids"] == [5, 6, 7]
     assert [(r["id"], r["status"]) for r in rejected] == [("r2", "skipped"), ("r3", "failed"), ("r4", "filtered")]
     assert "truncated" in rejected[2]["reason"]
 
@@ -73,3 +73,42 @@ def test_merge_drops_identical_sequences(tmp_path):
 def test_unknown_filter_key_is_rejected():
     with pytest.raises(TypeError):
         Filters.from_config({"filters": {"drop_everything": True}})
+
+
+def test_merged_turns_hold_one_loss_span_per_generated_turn(tmp_path):
+    """Turn 1's prompt extends turn 0's sequence: one row, two spans; turn 2's prompt re-renders the
+    earlier answers (as Kimi-K2.5's template does): a row of its own, with the reason counted."""
+    t0 = gen(1, output=(5, 6), prompt=(1, 2))
+    t1 = gen(1, turn=1, output=(8, 9, 10), prompt=(1, 2, 5, 6, 3, 4))
+    t2 = gen(1, turn=2, output=(11,), prompt=(1, 2, 6, 3, 4, 8, 9, 10, 3))
+    other = gen(2, output=(7,), prompt=(1, 2, 5, 6))  # another conversation: never joined to r1
+    for merge in (True, False):
+        out = tmp_path / f"merge-{merge}"
+        counts = export_category(
+            [[t0], [t1, t2], [other]],  # a chain across batches
+            Filters.from_config(),
+            jsonl=out / "c.jsonl",
+            parquet=out / "c.parquet",
+            rejected=out / "c.rejected.jsonl",
+            merge_turns=merge,
+        )
+        rows = [json.loads(line) for line in (out / "c.jsonl").read_text().splitlines()]
+        generated = sum(len(r["output_ids"]) for r in (t0, t1, t2, other))
+        assert sum(sum(r["loss_mask"]) for r in rows) == generated if merge else True
+        if not merge:
+            assert len(rows) == 4 and counts["turns_merged"] == 0
+            continue
+        assert [(r["id"], r["turn"], r["turns"]) for r in rows] == [("r1", 0, 2), ("r1", 2, 1), ("r2", 0, 1)]
+        first = rows[0]
+        assert first["input_ids"] == [1, 2, 5, 6, 3, 4, 8, 9, 10]
+        assert first["loss_mask"] == [0, 0, 1, 1, 0, 0, 1, 1, 1]
+        # The loss covers exactly the generated ids of each merged turn, at their place.
+        loss = [t for t, m in zip(first["input_ids"], first["loss_mask"]) if m]
+        assert loss == t0["output_ids"] + t1["output_ids"]
+        assert first["n_output_tokens"] == 5 and first["n_prompt_tokens"] == 4
+        assert rows[1]["input_ids"] == t2["prompt_ids"] + t2["output_ids"]
+        assert counts["turns_merged"] == 1
+        assert counts["turns_not_merged"] == {
+            "its prompt does not start with the turn before's prompt_ids + output_ids": 1
+        }
+        assert pq.read_table(out / "c.parquet").column("turns").to_pylist() == [2, 1, 1]

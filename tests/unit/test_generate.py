@@ -10,7 +10,7 @@ from eagle3_datagen.engine.backends import ScriptedBackend
 from eagle3_datagen.engine.server import Faults
 from eagle3_datagen.export_dataset import Filters, split_rows
 from eagle3_datagen.generate import TooManyFailures, assemble, generate, merge_shards
-from eagle3_datagen.plan_generation import make_template, shard_of
+from eagle3_datagen.plan_generation import make_builder, shard_of
 from eagle3_datagen.settings import ModelProfile, defaults
 from eagle3_datagen.tables import read_provenance, read_rows
 from engine_thread import running_engine
@@ -57,6 +57,7 @@ def run_generate(prompts, model, engine_config, tmp_path, *, shard=0, shards=1, 
         model=model,
         sampling=SAMPLING,
         engine=engine_config,
+        budget={"max_new_tokens": 32, "min_new_tokens": 4, "reserve_tokens": 2},
         client=CLIENT,
         max_failed_share=max_failed_share,
         cache_dir=str(tmp_path / "cache"),
@@ -165,24 +166,25 @@ def test_shards_generate_apart_and_merge_in_prompt_order(make_prompts, engine, t
 def test_assemble_keeps_prompt_order_and_every_reason(make_prompts):
     prompts, model = make_prompts(conversations(3) + [{"id": "bad"}])
     prompt_rows = read_rows(prompts)
-    template = make_template(
+    builder = make_builder(
         read_provenance(prompts),
         ModelProfile.from_config(model),
         SAMPLING,
         defaults("engine", kind="external", external={"urls": ["x"]}),
+        {"max_new_tokens": 32, "min_new_tokens": 4, "reserve_tokens": 2},
     )
     results = {
-        ("r-002", 0): {"status": "failed", "error": "HTTP 400: too long", "attempts": 1},
-        ("r-000", 0): {
+        ("r-002", 0, 0): {"status": "failed", "error": "HTTP 400: too long", "attempts": 1},
+        ("r-000", 0, 0): {
             "status": "ok",
             "output_ids": [5, 151645],
             "finish_type": "stop",
             "finish_matched": "151645",
             "attempts": 1,
         },
-        ("r-001", 0): {"status": "ok", "output_ids": [6], "finish_type": "length", "attempts": 2},
+        ("r-001", 0, 0): {"status": "ok", "output_ids": [6], "finish_type": "length", "attempts": 2},
     }
-    rows = list(assemble(prompt_rows, lambda req: results.get(req.key), template))
+    rows = list(assemble(prompt_rows, builder, lambda req: results.get(req.key)))
     assert [(r["id"], r["status"]) for r in rows] == [
         ("r-000", "ok"),
         ("r-001", "ok"),
@@ -192,4 +194,4 @@ def test_assemble_keeps_prompt_order_and_every_reason(make_prompts):
     assert rows[2]["error"] == "HTTP 400: too long" and "field 'messages'" in rows[3]["error"]
     assert json.loads(rows[0]["sampling"]) == SAMPLING
     with pytest.raises(RuntimeError, match="has no result"):
-        list(assemble(prompt_rows, lambda req: None, template))
+        list(assemble(prompt_rows, builder, lambda req: None))

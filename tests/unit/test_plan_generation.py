@@ -5,8 +5,8 @@ import json
 from conftest import conversations
 from eagle3_datagen.journal import Journal
 from eagle3_datagen.plan_generation import (
+    make_builder,
     make_plan,
-    make_template,
     open_journal,
     plan_generation,
     preview_generation,
@@ -21,8 +21,12 @@ SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "min_p": 0.0, "repeti
 SCRIPTED = defaults("engine", kind="local", local={"backend": "scripted"})
 
 
+BUDGET = {"max_new_tokens": 32, "min_new_tokens": 4, "reserve_tokens": 2}
+
+
 def template_for(prompts, model, sampling=SAMPLING):
-    return make_template(read_provenance(prompts), ModelProfile.from_config(model), sampling, SCRIPTED)
+    """The requests' builder of a prompts table (its template: `.template`)."""
+    return make_builder(read_provenance(prompts), ModelProfile.from_config(model), sampling, SCRIPTED, BUDGET)
 
 
 def test_the_plan_sends_usable_rows_and_counts_the_rest(make_prompts, tmp_path):
@@ -84,7 +88,7 @@ def test_the_fingerprint_follows_prompt_seed_and_model(make_prompts):
 def test_the_template_comes_from_the_token_facts_without_a_tokenizer(make_prompts):
     prompts, model = make_prompts(conversations(1))
     facts = read_provenance(prompts)
-    template = template_for(prompts, model)
+    template = template_for(prompts, model).template
     assert template.stop_token_ids == facts["stop_token_ids"] == [151645]
     assert (
         template.vocab_size == facts["vocab_size"]
@@ -123,6 +127,7 @@ def test_plan_files_and_the_preview(make_prompts, tmp_path):
             engine=SCRIPTED,
             cache_dir=str(tmp_path / "cache"),
             shards=2,
+            budget=BUDGET,
         )
     written = [json.loads(p.read_text()) for p in plans]
     assert sum(w["to_send"] for w in written) == 6 and {w["shard"] for w in written} == {0, 1}

@@ -1,6 +1,7 @@
 """Every step streams a category through bounded batches: the same input gives the same outputs
 whatever the batch size (one row at a time included), and tables out of step are refused."""
 
+import itertools
 import json
 
 import pyarrow.parquet as pq
@@ -19,8 +20,8 @@ from eagle3_datagen.tables import (
     GENERATIONS_SCHEMA,
     Batching,
     TableWriter,
+    count_rows,
     iter_batches,
-    paired_batches,
     read_provenance,
     read_rows,
     write_table,
@@ -31,7 +32,9 @@ from engine_thread import running_engine
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
 CLIENT = {"concurrency": 4, "max_retries": 1, "backoff_initial_s": 0.01, "backoff_max_s": 0.02}
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+CALL = {"id": "functions.add:0", "type": "function", "function": {"name": "add", "arguments": "{}"}}
 SHARDS = 2
+BUDGET = {"max_new_tokens": 24, "min_new_tokens": 4, "reserve_tokens": 2}
 
 
 def prompt_file(path):
@@ -39,6 +42,25 @@ def prompt_file(path):
     rows[3]["tools"] = TOOLS
     rows += [{"id": "bad", "messages": "not a list"}, dict(conversations(2)[1])]  # a bad row, a duplicate id
     rows += [{"id": "long", "messages": [{"role": "user", "content": "word " * 3000}]}]  # over the context
+    rows += [  # every turn regenerated: three turns, and a tool call answered by its result
+        {
+            "id": "chat",
+            "messages": [
+                {"role": role, "content": c}
+                for role, c in zip(["user", "assistant"] * 3, ("Hi.", "Hello!", "And then?", "Then this.", "Why?"))
+            ],
+        },
+        {
+            "id": "tool",
+            "tools": TOOLS,
+            "messages": [
+                {"role": "user", "content": "Add 2 and 3."},
+                {"role": "assistant", "content": "", "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": CALL["id"], "content": "5"},
+                {"role": "user", "content": "Thanks. And 4 and 5?"},
+            ],
+        },
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -55,10 +77,11 @@ def run_pipeline(root, tokenizer_dir, engine_url, batch):
             prompts=prompts,
             category=category,
             model=model,
-            budget={"max_new_tokens": 24, "min_new_tokens": 4, "reserve_tokens": 2},
+            budget=BUDGET,
             samples_per_prompt=2,
             seed=7,
             on_bad_rows="quarantine",
+            turns="all",
             batch=batch,
         )
         shard_files = [root / "generations" / category / f"shard_{n}.parquet" for n in range(SHARDS)]
@@ -72,6 +95,7 @@ def run_pipeline(root, tokenizer_dir, engine_url, batch):
                 model=model,
                 sampling=SAMPLING,
                 engine=engine,
+                budget=BUDGET,
                 client=CLIENT,
                 max_failed_share=0.0,
                 cache_dir=str(root.parent / "cache"),  # shared: the second run sends nothing
@@ -81,14 +105,12 @@ def run_pipeline(root, tokenizer_dir, engine_url, batch):
         merge_shards(prompts=prompts, shard_generations=shard_files, generations=generations, batch=batch)
         check_sequences(
             generations=generations,
-            prompts=prompts,
             sequence_report=root / "checks" / f"{category}.json",
             model=model,
             batch=batch,
         )
         check_parsers(
             generations=generations,
-            prompts=prompts,
             verdicts=root / "checks" / f"{category}.verdicts.parquet",
             verdict_counts=root / "checks" / f"{category}.verdicts.json",
             model=model,
@@ -99,7 +121,7 @@ def run_pipeline(root, tokenizer_dir, engine_url, batch):
             dataset=root / "dataset" / f"{category}.jsonl",
             dataset_parquet=root / "dataset" / f"{category}.parquet",
             rejected=root / "dataset" / f"{category}.rejected.jsonl",
-            export={"filters": {"drop_truncated": True, "min_loss_tokens": 1}},
+            export={"merge_turns": True, "filters": {"drop_truncated": True, "min_loss_tokens": 1}},
             batch=batch,
         )
         out[category] = generations
@@ -109,8 +131,11 @@ def run_pipeline(root, tokenizer_dir, engine_url, batch):
         categories=categories,
         generations=list(out.values()),
         rejected=[root / "dataset" / f"{c}.rejected.jsonl" for c in categories],
+        dataset_parquet=[root / "dataset" / f"{c}.parquet" for c in categories],
         summary=root / "summary.tsv",
+        turns_summary=root / "turns.tsv",
         lengths_png=root / "lengths.png",
+        turns_png=root / "turns.png",
         batch=batch,
     )
     plot_checks(
@@ -142,18 +167,25 @@ def test_every_step_gives_the_same_outputs_one_row_at_a_time(tmp_path, qwen3_tok
         whole = run_pipeline(tmp_path / "whole", qwen3_tokenizer_dir, url, None)
         tiny = run_pipeline(tmp_path / "tiny", qwen3_tokenizer_dir, url, {"rows": 1, "tokens": 1})
     rows = read_rows(whole / "generations" / "alpha.parquet")
-    assert {r["status"] for r in rows} == {"ok", "skipped"} and len(rows) == 24  # 12 rows x 2 samples
+    # 14 conversations x 2 samples, the 3-turn one and the 2-turn tool one with a row per turn.
+    assert {r["status"] for r in rows} == {"ok", "skipped"} and len(rows) == 28 + 2 * (2 + 1)
+    assert sorted({r["turn"] for r in rows if r["id"] == "chat"}) == [0, 1, 2]
     # Merged in prompt order, the duplicate id included, where the prompts table has it.
     prompt_keys = [(r["id"], r["sample_index"]) for r in read_rows(whole / "prompts" / "alpha.parquet")]
-    assert [(r["id"], r["sample_index"]) for r in rows] == prompt_keys
+    assert [k for k, _ in itertools.groupby((r["id"], r["sample_index"]) for r in rows)] == [
+        k for k, _ in itertools.groupby(prompt_keys)
+    ]
     expected_texts = texts_of(whole)
     assert len(expected_texts) >= 12
     assert texts_of(tiny) == expected_texts  # JSONL, summary, reports and figures byte for byte
     for name, path in tables_of(whole).items():
         theirs = tables_of(tiny)[name]
         assert pq.read_table(theirs).equals(pq.read_table(path)), name
-    # Batches of one row write one row group per row: the batches really were small.
-    assert pq.read_metadata(tiny / "generations" / "alpha.parquet").num_row_groups == len(rows)
+    # Batches of one row write one row group per row (the merge: per prompts row): the batches really were small.
+    assert pq.read_metadata(tiny / "generations" / "alpha.parquet").num_row_groups == len(prompt_keys)
+    assert pq.read_metadata(tiny / "dataset" / "alpha.parquet").num_row_groups == count_rows(
+        whole / "dataset" / "alpha.parquet"
+    )
 
 
 def test_batches_keep_to_rows_and_tokens_and_the_first_row_always_fits(tmp_path):
@@ -183,17 +215,6 @@ def test_a_writer_left_by_an_error_leaves_no_table(tmp_path):
         writer.write({"id": str(i), "sample_index": 0} for i in range(5))
         writer.close({"known": "at the end"})
     assert read_provenance(path) == {"known": "at the end"} and len(read_rows(path)) == 5
-
-
-def test_tables_out_of_step_are_refused(tmp_path):
-    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
-    write_table([{"id": i, "sample_index": 0} for i in "xyz"], GENERATIONS_SCHEMA, a)
-    write_table([{"id": i, "sample_index": 0} for i in "xzy"], GENERATIONS_SCHEMA, b)
-    with pytest.raises(ValueError, match="row y.0 meets z.0 .* out of step"):
-        list(paired_batches(a, b, Batching(rows=2)))
-    write_table([{"id": i, "sample_index": 0} for i in "xyzw"], GENERATIONS_SCHEMA, b)
-    with pytest.raises(ValueError, match="past the end"):
-        list(paired_batches(a, b))
 
 
 def test_long_steps_say_how_far_they_are(caplog):

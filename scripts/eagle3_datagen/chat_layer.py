@@ -1,0 +1,98 @@
+"""What SGLang's OpenAI chat layer makes of an answer: the assistant message a deployed model's
+history holds (`reasoning_content`, `content`, `tool_calls`).
+
+Two steps use it: `check_parsers` (would the chat route give back the same tokens?) and the turns of
+a conversation (`turns`: the next turn's history holds the model's own answer as a chat layer would
+have put it there). Text is only ever used to build messages; token ids come from the server.
+
+1. decode `output_ids` as `serving_chat` does: a trailing stop id is trimmed when `finish_type` is
+   `stop`; `skip_special_tokens=True` unless the row has tools (then False);
+2. run the profile's reasoning parser with the chat layer's forcing (`parsers.chat_force_reasoning`),
+   then, for rows with tools, the tool-call parser (`parsers.parse_tool_calls`);
+3. build the assistant message, with tool-call ids as the parser names them (Kimi:
+   `functions.{name}:{calls in the history + index}`) and the arguments as the parser's raw JSON text.
+"""
+
+from __future__ import annotations
+
+from . import parsers
+from .settings import ModelProfile
+from .templating import ChatTokenizer, batch_decode, token_id, token_ids
+
+
+def _template_text(tokenizer) -> str | None:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        return "\n".join(str(t) for t in template.values())
+    return template
+
+
+class ChatLayer:
+    """The chat layer of one model profile: decoding, reasoning and tool-call parsing."""
+
+    def __init__(self, tokenizer, profile: ModelProfile):
+        self.tokenizer = tokenizer
+        self.profile = profile
+        self.chat = ChatTokenizer(tokenizer, profile)
+        self.version = parsers.parse_version(profile.sglang_version)
+        self.stops = set(token_ids(tokenizer, profile.stop_tokens))
+        self.think_end = profile.reasoning_end or parsers.THINK_END
+        try:
+            self.think_end_id: int | None = token_id(tokenizer, self.think_end)
+        except ValueError:  # a model without a reasoning end token
+            self.think_end_id = None
+        self.reasoning_parser = profile.reasoning_parser
+        self.tool_parser = profile.tool_call_parser
+        self.force = (
+            parsers.chat_force_reasoning(
+                self.reasoning_parser, self.version, profile.chat_template_kwargs, _template_text(tokenizer)
+            )
+            if self.reasoning_parser
+            else False
+        )
+
+    def trimmed(self, output_ids: list[int], finish_type: str) -> list[int]:
+        """The output without the matched stop id the chat layer trims."""
+        cut = finish_type == "stop" and output_ids and output_ids[-1] in self.stops
+        return list(output_ids[:-1] if cut else output_ids)
+
+    def texts(self, outputs: list[list[int]], finish_types: list[str], has_tools: list[bool]) -> list[str]:
+        """Decoded answers, as the chat layer decodes them, in two batches (special tokens kept with tools)."""
+        trimmed = [self.trimmed(o, f) for o, f in zip(outputs, finish_types)]
+        texts: list[str] = [""] * len(outputs)
+        for skip in (True, False):
+            idx = [i for i, t in enumerate(has_tools) if t != skip]
+            if idx:
+                for i, text in zip(
+                    idx, batch_decode(self.tokenizer, [trimmed[i] for i in idx], skip_special_tokens=skip)
+                ):
+                    texts[i] = text
+        return texts
+
+    def assistant_message(self, text: str, tools, history: list[dict]) -> tuple[dict, str]:
+        """The assistant message a chat layer builds from a decoded answer, and its reasoning text."""
+        reasoning, content = "", text
+        if self.reasoning_parser:
+            reasoning, content = parsers.parse_reasoning(
+                text, parser=self.reasoning_parser, version=self.version, force_reasoning=self.force
+            )
+        calls: list[parsers.ToolCall] = []
+        if tools and self.tool_parser:
+            content, calls = parsers.parse_tool_calls(content, tools, parser=self.tool_parser, version=self.version)
+        message: dict = {"role": "assistant", "content": content, "reasoning_content": reasoning or None}
+        if calls:
+            done = sum(len(m.get("tool_calls") or []) for m in history if m.get("role") == "assistant")
+            message["tool_calls"] = [
+                {
+                    "id": parsers.tool_call_id(c, parser=self.tool_parser, history_count=done, position=i),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for i, c in enumerate(calls)
+            ]
+        return message, reasoning
+
+    def answer_message(self, output_ids: list[int], finish_type: str, tools, history: list[dict]) -> dict:
+        """The assistant message of one answer (`texts` + `assistant_message`)."""
+        text = self.texts([list(output_ids)], [finish_type], [bool(tools)])[0]
+        return self.assistant_message(text, tools, history)[0]

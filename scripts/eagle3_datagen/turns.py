@@ -1,0 +1,236 @@
+"""The turns of a conversation: every assistant turn regenerated on the model's own earlier answers.
+
+With `turns: all`, a conversation with user (or tool) messages u1..un is regenerated turn by turn:
+turn k's prompt is the chat template of the original system, user and tool messages up to uk, with
+the model's own answers to turns 0..k-1 in place of the original assistant messages, and
+`add_generation_prompt=True`. An answer enters the history the way a deployed chat layer puts it
+there (`chat_layer.ChatLayer`: decoded, split into `reasoning_content`, `content` and `tool_calls`).
+Text only builds the next turn's messages: each turn's row holds the `prompt_ids` that were sent and
+the `output_ids` the server returned.
+
+Tool results: where the original conversation answers an assistant tool call with tool messages,
+they are spliced in after the regenerated answer when it calls *the same tools*: the same function
+names, in the same order and number (the arguments may differ: the original results answered the
+original arguments). Each result's `tool_call_id` is rewritten to the regenerated call's id.
+
+A conversation ends early, never silently: after a failed turn, a turn cut at `max_new_tokens`, a
+tool mismatch, or a next prompt that does not fit the context, its later turns become skipped rows
+carrying the reason, and the turns before stay.
+
+`turn_ends` (a prompts table column) says where each turn's history ends in the conversation; with
+`turns: last` it has one entry and this module only ever makes the one request of the prompts row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from .client import Request, RequestTemplate
+from .settings import Budget, ModelProfile, stable_hash
+from .templating import output_budget
+
+TURN_MODES = ("all", "last")
+
+
+def turn_ends(messages: list[dict], mode: str) -> list[int]:
+    """Where each regenerated turn's history ends in `messages` (exclusive): with `all`, after every
+    user or tool message that an assistant message follows (and at the end); with `last`, the end.
+
+    Assistant messages before the first user message are history, never regenerated."""
+    if mode not in TURN_MODES:
+        raise ValueError(f"turns must be one of {', '.join(TURN_MODES)}, not {mode!r}")
+    if mode == "last":
+        return [len(messages)]
+    ends, seen_user = [], False
+    for i, m in enumerate(messages):
+        seen_user = seen_user or m["role"] == "user"
+        following = messages[i + 1]["role"] if i + 1 < len(messages) else None
+        if seen_user and m["role"] != "assistant" and following in ("assistant", None):
+            ends.append(i + 1)
+    return ends or [len(messages)]
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The seed of a turn: the row's own for turn 0, a stable draw from it for later turns."""
+    return seed if turn == 0 else int(stable_hash([seed, turn])[:15], 16) % (2**31 - 1)
+
+
+def _names(calls: list[dict]) -> list[str]:
+    return [c.get("function", {}).get("name", "") for c in calls]
+
+
+def splice_tool_results(original: list[dict], answer: dict, following: list[dict]) -> tuple[list[dict], str | None]:
+    """The messages after a regenerated answer: `following` (the original's), with its leading tool
+    results answering the regenerated calls. A reason instead when the results cannot answer them.
+
+    `original` is the assistant turn the answer replaces (one or more assistant messages)."""
+    n = 0
+    while n < len(following) and following[n]["role"] == "tool":
+        n += 1
+    calls = answer.get("tool_calls") or []
+    if not n:
+        if calls:
+            goes_on = f"goes on with a {following[0]['role']} message" if following else "ends"
+            return [], (
+                f"the regenerated answer calls {', '.join(_names(calls))} but the original conversation {goes_on}, "
+                "not with their results"
+            )
+        return list(following), None
+    original_calls = [c for m in original for c in (m.get("tool_calls") or [])]
+    if _names(calls) != _names(original_calls):
+        return [], (
+            f"tool mismatch: the regenerated answer calls [{', '.join(_names(calls))}] where the original called "
+            f"[{', '.join(_names(original_calls))}], whose results follow"
+        )
+    new_id = {c.get("id"): calls[i]["id"] for i, c in enumerate(original_calls)}
+    spliced = []
+    for position, result in enumerate(following[:n]):
+        target = new_id.get(result.get("tool_call_id"))
+        if target is None:  # a result whose id names no call: answer the calls in order
+            target = calls[min(position, len(calls) - 1)]["id"]
+        spliced.append(dict(result, tool_call_id=target))
+    return spliced + list(following[n:]), None
+
+
+class TurnBuilder:
+    """Builds the requests of a category's conversations: turn 0 from the prompts row, each later
+    turn from the model's answer to the one before. The tokenizer is loaded on first use, so a
+    category of single-turn rows never loads it."""
+
+    def __init__(
+        self,
+        template: RequestTemplate,
+        profile: ModelProfile,
+        budget: Budget,
+        *,
+        tokenizer_sha256: str | None = None,
+        load: Callable | None = None,
+    ):
+        self.template = template
+        self.profile = profile
+        self.budget = budget
+        self.tokenizer_sha256 = tokenizer_sha256
+        self._load = load
+        self._layer = None
+
+    @property
+    def layer(self):
+        if self._layer is None:
+            from .chat_layer import ChatLayer
+            from .templating import load_tokenizer, tokenizer_fingerprint
+
+            tokenizer = self._load() if self._load is not None else load_tokenizer(self.profile)
+            found = tokenizer_fingerprint(tokenizer)["tokenizer_sha256"]
+            if self.tokenizer_sha256 and found != self.tokenizer_sha256:
+                raise RuntimeError(
+                    f"the tokenizer at {self.profile.tokenizer} (sha256 {found[:12]}) is not the one the prompts "
+                    f"were tokenized with ({self.tokenizer_sha256[:12]}): tokenize the prompts again"
+                )
+            self._layer = ChatLayer(tokenizer, self.profile)
+        return self._layer
+
+    def request(self, row: dict, turn: int, prompt_ids: list[int], max_new_tokens: int) -> Request:
+        req = Request(
+            row["id"],
+            int(row["sample_index"]),
+            prompt_ids,
+            int(max_new_tokens),
+            turn_seed(int(row["seed"]), turn),
+            turn=turn,
+        )
+        req.fingerprint = self.template.fingerprint(req)
+        return req
+
+    def start(self, row: dict) -> Conversation:
+        """The conversation of a usable prompts row, at its first turn."""
+        return Conversation(self, row)
+
+
+class Conversation:
+    """One (id, sample_index) conversation, turn by turn: `request` is the current turn's request;
+    `advance(result)` makes the next one, or ends the conversation (`end_reason`, None when every
+    turn was made)."""
+
+    def __init__(self, builder: TurnBuilder, row: dict):
+        self.builder = builder
+        self.row = row
+        self.messages = json.loads(row["messages"]) if isinstance(row["messages"], str) else row["messages"]
+        self.tools = json.loads(row["tools"]) if row.get("tools") else None
+        self.ends = list(row.get("turn_ends") or [len(self.messages)])
+        self.turn = 0
+        self.history = self.messages[: self.ends[0]]
+        self.request: Request = builder.request(row, 0, row["prompt_ids"], row["max_new_tokens"])
+        self.end_reason: str | None = None
+
+    @property
+    def turns(self) -> int:
+        return len(self.ends)
+
+    def history_json(self) -> str:
+        return json.dumps(self.history, ensure_ascii=False)
+
+    def _end(self, reason: str) -> None:
+        self.end_reason = reason
+
+    def advance(self, result: dict) -> Request | None:
+        """The next turn's request after this turn's `result`, or None (the conversation is over)."""
+        k = self.turn
+        if k + 1 >= self.turns:
+            return None
+        later = self.turns - k - 1
+        if result["status"] != "ok":
+            self._end(f"turn {k} failed ({result.get('error', '')[:200]}): its {later} later turn(s) not generated")
+            return None
+        if result.get("finish_type") == "length":
+            self._end(
+                f"turn {k} was cut at max_new_tokens ({len(result['output_ids'])} tokens): a cut answer cannot "
+                f"continue the conversation; its {later} later turn(s) not generated"
+            )
+            return None
+        layer = self.builder.layer
+        answer = layer.answer_message(result["output_ids"], result.get("finish_type", ""), self.tools, self.history)
+        segment = self.messages[self.ends[k] : self.ends[k + 1]]
+        j = 0
+        while j < len(segment) and segment[j]["role"] == "assistant":
+            j += 1
+        following, why = splice_tool_results(segment[:j], answer, segment[j:])
+        if why is not None:
+            self._end(f"turn {k + 1} not generated: {why}; {later} turn(s) not generated")
+            return None
+        history = self.history + [answer] + following
+        tokenized = layer.chat.tokenize([history], [self.tools])[0]
+        if tokenized.error is not None:
+            self._end(f"turn {k + 1}: the chat template cannot render its history: {tokenized.error}")
+            return None
+        max_new, why = output_budget(
+            len(tokenized.prompt_ids), context_length=self.builder.profile.context_length, budget=self.builder.budget
+        )
+        if why is not None:
+            self._end(f"turn {k + 1} does not fit the context: {why}; {later} turn(s) not generated")
+            return None
+        self.turn, self.history = k + 1, history
+        self.request = self.builder.request(self.row, k + 1, tokenized.prompt_ids, max_new)
+        return self.request
+
+
+@dataclass
+class Step:
+    """One turn of a walk: its conversation (at this turn), request, and result (None: not made yet)."""
+
+    conversation: Conversation
+    request: Request
+    result: dict | None
+
+
+def walk(conversation: Conversation, result_of: Callable[[Request], dict | None]) -> Iterator[Step]:
+    """The turns of a conversation that `result_of` has results for, then the first one it has not
+    (with result None), unless the conversation ended first."""
+    req: Request | None = conversation.request
+    while req is not None:
+        result = result_of(req)
+        yield Step(conversation, req, result)
+        if result is None:
+            return
+        req = conversation.advance(result)
