@@ -27,7 +27,16 @@ Every client run writes the journal, as the pipeline's generate rule does.
     requests/s would see the slots all full a share of about 1 - R x gap; that is given for the
     --server-rps rates. Last, the client's CPU per request by step, on one real answer of each kind.
 
-    .venv/bin/python bench/client_load.py [--requests 2000] [--repeats 3] [--part a|b|both]
+(c) Multi-turn occupancy (`turns: all`): conversations of --turns user turns, each turn's prompt
+    made by the pipeline's own `turns.TurnBuilder` from the answer to the turn before (decoded,
+    parsed, re-rendered and tokenized with the real Qwen3 tokenizer, in the client's follow-up
+    thread) and sent as soon as that answer is journalled, against the same latency as (b). The
+    window runs from the first moment `concurrency` requests are on the wire until the last new
+    conversation has been started: until then a free slot always has work (a later turn, or a
+    new conversation). After it, only the remaining turns of the conversations in flight are
+    left, one at a time each: that tail is reported apart.
+
+    .venv/bin/python bench/client_load.py [--requests 2000] [--repeats 3] [--part a|b|c|all]
 """
 
 import argparse
@@ -333,9 +342,100 @@ def mean_level(changes: list[tuple[float, int]], t0: float, t1: float) -> float:
     return total / (t1 - t0)
 
 
+def conversation_rows(tokenizer, profile, n: int, turns: int, max_new_tokens: int) -> list[dict]:
+    """Prompts rows of `n` conversations of `turns` user turns (demo prompts' user texts; the
+    original answers between them are placeholders the regenerated ones replace)."""
+    from eagle3_datagen.templating import ChatTokenizer
+    from eagle3_datagen.turns import turn_ends
+
+    texts = demo_texts()
+    chat = ChatTokenizer(tokenizer, profile)
+    rows = []
+    for i in range(n):
+        messages = []
+        for k in range(turns):
+            if k:
+                messages.append({"role": "assistant", "content": f"Answer {k}."})
+            messages.append(
+                {"role": "user", "content": f"Conversation {i}, turn {k}: {texts[(7 * i + k) % len(texts)]}"}
+            )
+        ends = turn_ends(messages, "all")
+        prompt_ids = chat.tokenize([messages[: ends[0]]], [None])[0].prompt_ids
+        rows.append(
+            {
+                "id": f"c-{i}",
+                "sample_index": 0,
+                "status": "ok",
+                "messages": json.dumps(messages),
+                "tools": "",
+                "turn_ends": ends,
+                "prompt_ids": prompt_ids,
+                "max_new_tokens": max_new_tokens,
+                "seed": i,
+            }
+        )
+    return rows
+
+
+def multi_turn_run(url: str, builder, rows: list[dict], tmp: Path, concurrency: int) -> dict:
+    """One multi-turn run: (c) of the module doc. Rows of one turn each make the baseline: the same
+    client without follow-ups."""
+    from eagle3_datagen.plan_generation import requests_to_send
+
+    c = concurrency
+    client = RecordingClient(
+        [url], builder.template, ClientSettings.from_config(concurrency=c, progress_interval_s=3600)
+    )
+    journal = CountingJournal(tmp / f"j{time.monotonic_ns()}.jsonl", mark=-1)
+    wire: list[tuple[float, int]] = []
+    in_flight: dict = {}
+    drawn = {"last_new": None, "follow_s": 0.0, "follows": 0}
+
+    def source():
+        yield from requests_to_send(rows, builder, None, in_flight)
+        drawn["last_new"] = time.perf_counter()
+
+    def follow(req, result):
+        t = time.perf_counter()
+        conversation = in_flight.pop(req.key)
+        following = conversation.advance(result)
+        if following is not None:
+            in_flight[following.key] = conversation
+        drawn["follow_s"] += time.perf_counter() - t
+        drawn["follows"] += 1
+        return following
+
+    with traced_sessions(wire):
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        multi = any(len(r["turn_ends"]) > 1 for r in rows)
+        results = asyncio.run(client.run(source(), journal, total=len(rows), follow=follow if multi else None))
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    journal.close()
+    assert all(r["status"] == "ok" for r in results.values()), "a request failed"
+    t0 = next(t for t, v in wire if v >= c)
+    t1 = drawn["last_new"]
+    t_end = wire[-1][0]
+    out = {
+        "requests": len(results),
+        "rps": len(results) / wall,
+        "cpu_share": cpu / wall,
+        "window_s": t1 - t0,
+        "tail_s": t_end - t1,
+        "follow_ms": drawn["follow_s"] / max(drawn["follows"], 1) * 1000,
+        "turns_per_conv": len(results) / len(rows),
+    }
+    finished = sum(1 for t, v in wire[1:] if t0 < t <= t1) // 2  # each request: one start, one end
+    for name, changes in (("counter", client.changes), ("wire", wire)):
+        mean = mean_level(changes, t0, t1)
+        out[name] = share_at(changes, c, t0, t1)
+        out[name + "_mean"] = mean / c
+        out[name + "_gap_ms"] = (c - mean) * (t1 - t0) / max(finished, 1) * 1000
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("a", "b", "both"), default="both")
+    parser.add_argument("--part", choices=("a", "b", "c", "both", "all"), default="all", help="both: a and b")
     parser.add_argument("--requests", type=int, default=2000, help="requests per run of (a), short answers")
     parser.add_argument("--long-requests", type=int, default=300, help="requests per run of (a), long answers")
     parser.add_argument("--long-tokens", type=int, default=4096, help="output tokens of every long answer")
@@ -353,6 +453,8 @@ def main() -> None:
         help="(b): concurrency with long answers (the engine's CPU bounds it here)",
     )
     parser.add_argument("--server-rps", default="5,20", help="GPU server request rates to compare with")
+    parser.add_argument("--conversations", type=int, default=400, help="(c): conversations per run")
+    parser.add_argument("--turns", type=int, default=4, help="(c): user turns per conversation")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -364,7 +466,7 @@ def main() -> None:
     c = args.concurrency
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        if args.part in ("a", "both"):
+        if args.part in ("a", "both", "all"):
             short = build_requests(tokenizer, args.requests, 256)
             long = build_requests(tokenizer, args.long_requests, args.long_tokens)
             port = free_port()
@@ -408,7 +510,7 @@ def main() -> None:
                 " '1-core limit' = 1000 / (CPU s per 1,000 requests)"
             )
             print()
-        if args.part in ("b", "both"):
+        if args.part in ("b", "both", "all"):
             rates = [float(x) for x in args.server_rps.split(",")]
             variants = [
                 ("short", build_requests(tokenizer, args.occupancy_requests, 256), short_template, c),
@@ -465,6 +567,70 @@ def main() -> None:
             for name, b in breakdown.items():
                 label = "short (<=256)" if name == "short" else f"long ({args.long_tokens})"
                 print(f"{label:16}{b['n_output']:>8}{b['answer_kb']:>11.1f}" + "".join(f"{b[n]:>28.3f}" for n in names))
+            print()
+        if args.part in ("c", "all"):
+            from eagle3_datagen.plan_generation import make_builder
+            from eagle3_datagen.settings import ModelProfile, defaults
+
+            model = defaults(
+                "model",
+                name="qwen3-bench",
+                tokenizer=str(tok_dir),
+                context_length=32768,
+                stop_tokens=["<|im_end|>"],
+                reasoning_end="</think>",
+                reasoning_parser="qwen3",
+                tool_call_parser="qwen25",
+            )
+            profile = ModelProfile.from_config(model)
+            facts = {
+                "tokenizer_sha256": "",
+                "chat_template_sha256": "",
+                "vocab_size": len(tokenizer),
+                "stop_token_ids": stop,
+            }
+            budget = {"max_new_tokens": 256, "min_new_tokens": 4, "reserve_tokens": 2}
+            builder = make_builder(facts, profile, SAMPLING, {"kind": "external"}, budget)
+            rows = conversation_rows(tokenizer, profile, args.conversations, args.turns, 256)
+            port = free_port()
+            runs: dict[str, list[dict]] = {"multi": [], "single": []}
+            with engine(tok_dir, port, tmp, args.latency_ms) as url:
+                multi_turn_run(url, builder, rows[: 2 * c], tmp, c)  # warm-up (and the tokenizer loads)
+                for _ in range(args.repeats):
+                    runs["multi"].append(multi_turn_run(url, builder, rows, tmp, c))
+                    # The baseline: as many single-turn requests, no follow-ups, the same client.
+                    single = conversation_rows(tokenizer, profile, runs["multi"][-1]["requests"], 1, 256)
+                    runs["single"].append(multi_turn_run(url, builder, single, tmp, c))
+            rates = [float(x) for x in args.server_rps.split(",")]
+            print(
+                f"(c) multi-turn occupancy, {args.conversations} conversations x {args.turns} turns, added latency {args.latency_ms} ms, "
+                f"concurrency {c}, median of {args.repeats}; the window lasts until the last new conversation is started; "
+                "baseline: as many single-turn requests, no follow-ups"
+            )
+            print(
+                f"{'run':12}{'requests':>9}{'turns/conv':>11}{'window s':>9}{'tail s':>8}{'req/s':>7}{'client CPU':>11}{'next turn ms':>13}  {'view':31}{'share at c':>11}{'mean/c':>9}{'gap ms/req':>11}"
+                + "".join(f"{f'at {r:g} req/s':>13}" for r in rates)
+            )
+            for name in ("multi", "single"):
+                med = lambda k, name=name: statistics.median(r[k] for r in runs[name])  # noqa: E731
+                label = f"{args.turns} turns" if name == "multi" else "single-turn"
+                head = f"{label:12}{med('requests'):>9.0f}{med('turns_per_conv'):>11.2f}{med('window_s'):>9.1f}{med('tail_s'):>8.1f}{med('rps'):>7.0f}{med('cpu_share'):>11.0%}{med('follow_ms'):>13.2f}  "
+                for view, key in (("client counter, time-weighted", "counter"), ("on the wire, time-weighted", "wire")):
+                    gap = med(key + "_gap_ms")
+                    print(
+                        f"{head}{view:31}{med(key):>11.2%}{med(key + '_mean'):>9.3%}{gap:>11.3f}"
+                        + "".join(f"{max(0.0, 1 - r * gap / 1000):>13.2%}" for r in rates)
+                    )
+                    head = " " * len(head)
+            for key in ("counter", "wire"):
+                ratio = statistics.median(r[key + "_gap_ms"] for r in runs["multi"]) / max(
+                    statistics.median(r[key + "_gap_ms"] for r in runs["single"]), 1e-9
+                )
+                print(f"gap per request, {key}: multi-turn / single-turn = {ratio:.2f}x")
+            print(
+                "goal: share at c >= 99 % while work remains; 'next turn ms': the follow-up's CPU (decode, parse, render, "
+                "tokenize) per answer; 'at R req/s' = 1 - R x gap"
+            )
 
 
 if __name__ == "__main__":
