@@ -26,8 +26,7 @@ RULES = {
     "ids_in_vocabulary": "every id lies inside the vocabulary",
     "within_budget": "no output is longer than the row's max_new_tokens",
     "history_holds_answers": (
-        "a later turn's history is the turn before's history, then the model's answer to it as the chat layer "
-        "parses it"
+        "a later turn's history is the turn before's history, then the model's answer to it as the chat layer parses it"
     ),
 }
 

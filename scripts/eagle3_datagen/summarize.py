@@ -119,6 +119,9 @@ def category_summary(
         "truncated_share": round(truncated / n_ok, 4) if n_ok else 0.0,
         "turns_merged": int(merging.get("turns_merged", 0)),
         "turns_not_merged": int(sum((merging.get("turns_not_merged") or {}).values())),
+        "why_not_merged": "; ".join(
+            f"{n} x {why}" for why, n in sorted((merging.get("turns_not_merged") or {}).items())
+        ),
         **{kind: int((normalization or {}).get(kind, 0)) for kind in NORMALIZATION},
     }
     return summary, (prompt_lengths, output_lengths)
@@ -162,6 +165,7 @@ def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
         if ok_total
         else 0.0
     )
+    total["why_not_merged"] = ""
     frame = pd.concat([frame, pd.DataFrame([total])], ignore_index=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, sep="\t", index=False)

@@ -175,7 +175,21 @@ class Conversation:
         self.end_reason = reason
 
     def advance(self, result: dict) -> Request | None:
-        """The next turn's request after this turn's `result`, or None (the conversation is over)."""
+        """The next turn's request after this turn's `result`, or None (the conversation is over).
+
+        Whatever goes wrong in making the next turn ends this conversation with the reason; it never
+        stops the others (a tokenizer that cannot be loaded, or is not the prompts', fails the job)."""
+        if self.turn + 1 < self.turns and result["status"] == "ok":
+            self.builder.layer  # noqa: B018 (loaded here, outside the guard below)
+        try:
+            return self._advance(result)
+        except Exception as exc:  # a parser or template error on one answer: this conversation ends
+            self._end(
+                f"turn {self.turn + 1} could not be made from turn {self.turn}'s answer: {type(exc).__name__}: {exc}"
+            )
+            return None
+
+    def _advance(self, result: dict) -> Request | None:
         k = self.turn
         if k + 1 >= self.turns:
             return None

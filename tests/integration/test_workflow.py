@@ -81,6 +81,8 @@ def test_every_row_ends_in_exactly_one_place(demo_run):
 
 
 def test_exported_tokens_are_exactly_what_the_engine_generated(demo_run):
+    from eagle3_datagen.tables import read_rows
+
     wd = demo_run
     for category in ("math", "code", "chat"):
         served = {parse_rid(r["rid"])[0]: r for r in wd.engine_record(category) if r.get("status") == 200}
@@ -101,6 +103,32 @@ def test_exported_tokens_are_exactly_what_the_engine_generated(demo_run):
             assert all(turn["input_ids"][-1] == 163606 for turn in turns)
             if row["finish_type"] == "stop":
                 assert last["output_ids"][-1] == 163586
+        # A later turn's request holds the model's own answer to the turn before, as its template
+        # renders an earlier answer (Kimi: <think></think> + the content the parsers found).
+        with_tools = {
+            r["id"] for r in read_rows(wd.path / "results" / "generations" / f"{category}.parquet") if r["tools"]
+        }
+        for (row_id, sample, turn), entry in served.items():
+            if turn and row_id not in with_tools:
+                before = served[(row_id, sample, turn - 1)]
+                assert _rendered_answer(wd, before["output_ids"]) in _text(wd, entry["input_ids"])
+
+
+def _tokenizer(wd):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(wd.config["model"]["tokenizer"])
+
+
+def _text(wd, ids):
+    return _tokenizer(wd).decode(ids, skip_special_tokens=False)
+
+
+def _rendered_answer(wd, output_ids):
+    """<think></think> + the answer's content, as the Kimi-shaped template renders an earlier answer
+    (the content: the decoded answer after its first </think>, without the stop token)."""
+    text = _tokenizer(wd).decode(output_ids[:-1] if output_ids[-1] == 163586 else output_ids, skip_special_tokens=True)
+    return "<think></think>" + text.split("</think>", 1)[1]
 
 
 def test_each_request_carries_every_sampling_value(demo_run):

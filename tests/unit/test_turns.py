@@ -123,8 +123,10 @@ def label(rid):
 class Run:
     """A category of CONVERSATIONS through tokenize, generate (one engine, one record) and the checks."""
 
-    def __init__(self, tmp_path, make_prompts, kimi_tokenizer_dir, *, max_new_tokens=400, rows=CONVERSATIONS):
-        self.tmp_path, self.make_prompts = tmp_path, make_prompts
+    def __init__(
+        self, tmp_path, make_prompts, kimi_tokenizer_dir, *, max_new_tokens=400, rows=CONVERSATIONS, turns="all"
+    ):
+        self.tmp_path, self.make_prompts, self.turns = tmp_path, make_prompts, turns
         self.kimi_dir, self.max_new_tokens = kimi_tokenizer_dir, max_new_tokens
         self.budget = {"max_new_tokens": max_new_tokens, "min_new_tokens": 4, "reserve_tokens": 2}
         self.record = tmp_path / "record.jsonl"
@@ -132,7 +134,7 @@ class Run:
 
     def tokenize(self, rows):
         self.prompts, self.model = self.make_prompts(
-            rows, max_new_tokens=self.max_new_tokens, turns="all", tokenizer=str(self.kimi_dir), **KIMI
+            rows, max_new_tokens=self.max_new_tokens, turns=self.turns, tokenizer=str(self.kimi_dir), **KIMI
         )
 
     @staticmethod
@@ -370,3 +372,46 @@ def test_a_rid_names_its_row_and_turn_whatever_the_id():
     for row_id, sample, turn in (("a.1", 0, 0), ("x", 2, 3), ("x.0.t2", 0, 0), ("a.t5", 1, 1), ("7", 0, 12)):
         req = Request(row_id, sample, [1], 4, 0, turn=turn)
         assert parse_rid(f"{req.label}.9f3a.2") == ((row_id, sample, turn), "9f3a", 2)
+
+
+def test_an_answer_that_cannot_continue_ends_only_its_conversation(kimi_tokenizer_dir, kimi_tok):
+    profile = ModelProfile.from_config(defaults("model", **{**KIMI, "tokenizer": str(kimi_tokenizer_dir)}))
+    facts = {"tokenizer_sha256": "", "chat_template_sha256": "", "vocab_size": len(kimi_tok), "stop_token_ids": [1]}
+    budget = {"max_new_tokens": 16, "min_new_tokens": 4, "reserve_tokens": 2}
+    builder = make_builder(facts, profile, SAMPLING, Run.engine("x"), budget)
+
+    class Broken(ChatLayer):
+        def answer_message(self, *args):
+            raise KeyError("no such thing")
+
+    builder._layer = Broken(kimi_tok, profile)
+    row = {
+        "id": "c",
+        "sample_index": 0,
+        "seed": 1,
+        "messages": json.dumps(CONVERSATIONS[0]["messages"]),
+        "tools": "",
+        "turn_ends": [1, 3, 5, 7],
+        "prompt_ids": [1, 2],
+        "max_new_tokens": 16,
+    }
+    conversation = builder.start(row)
+    assert conversation.advance({"status": "ok", "output_ids": [5, 6], "finish_type": "stop"}) is None
+    assert "turn 1 could not be made from turn 0's answer: KeyError" in conversation.end_reason
+    # A tokenizer that is not the one the prompts were made with fails the job instead.
+    strict = make_builder({**facts, "tokenizer_sha256": "0" * 64}, profile, SAMPLING, Run.engine("x"), budget)
+    with pytest.raises(RuntimeError, match="is not the one the prompts were tokenized with"):
+        strict.start(row).advance({"status": "ok", "output_ids": [5, 6], "finish_type": "stop"})
+
+
+def test_turns_last_regenerates_only_the_last_turn_on_the_original_history(
+    tmp_path, make_prompts, kimi_tokenizer_dir, kimi_tok
+):
+    run = Run(tmp_path, make_prompts, kimi_tokenizer_dir, rows=CONVERSATIONS[:1], turns="last")
+    with engine(kimi_tokenizer_dir, run.record) as url:
+        rows = read_rows(run.generate(url))
+    assert [(r["id"], r["turn"], r["status"]) for r in rows] == [("chat", 0, "ok")]
+    assert read_rows(run.prompts)[0]["turn_ends"] == [7]
+    text = kimi_tok.decode(rows[0]["prompt_ids"], skip_special_tokens=False)
+    assert text.count(ORIGINAL) == 3 and json.loads(rows[0]["messages"]) == CONVERSATIONS[0]["messages"]
+    assert [label(e["rid"]) for e in served(run.record)] == ["chat.0"]
