@@ -15,6 +15,7 @@ include: "rules/generate.smk"
 include: "rules/check.smk"
 include: "rules/export.smk"
 include: "rules/report.smk"
+include: "rules/pilot.smk"
 
 
 rule all:

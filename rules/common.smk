@@ -62,6 +62,11 @@ def get_generate_gpus(wildcards, input):
     return wf.generate_gpus(config["engine"], input.plan)
 
 
+def get_server_gpus(wildcards):
+    """GPUs of a job that launches the server (the pilot's: it always has work)."""
+    return wf.server_gpus(config["engine"])
+
+
 def get_generate_job(wildcards):
     return wf.generate_job(config["engine"])
 

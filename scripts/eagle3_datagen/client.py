@@ -431,6 +431,8 @@ class GenerateClient:
         if total:
             progress.log()
         self.requests_per_s, self.tokens_per_s = progress.rates()
+        self.requests_done, self.tokens_done = progress.done, progress.tokens
+        self.elapsed_s = time.monotonic() - progress.started
         return results
 
 

@@ -69,6 +69,26 @@ def plot_turns(turns, path: Path) -> None:
     _save(fig, path)
 
 
+def plot_projection(rows: list[dict], path: Path) -> None:
+    """Projected output tokens and GPU-hours (server-hours where the server's GPUs are unknown) per
+    category, with the 95 % interval from the pilot sample's spread."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    names = [r["category"] for r in rows]
+    x = range(len(rows))
+    axes[0].bar(x, [r["output_tokens"] for r in rows], yerr=[r["output_tokens_ci95"] for r in rows], capsize=4)
+    axes[0].set_title("Projected output tokens (95 % interval)")
+    gpu = all(r["gpu_hours"] is not None for r in rows)
+    key, label = ("gpu_hours", "GPU-hours") if gpu else ("server_hours", "server-hours")
+    hours = [r[key] or 0.0 for r in rows]
+    ci = [(r["server_hours_ci95"] or 0.0) * (r["gpus_per_server"] if gpu else 1) for r in rows]
+    axes[1].bar(x, hours, yerr=ci, capsize=4, color="tab:orange")
+    axes[1].set_title(f"Projected {label} at the pilot's throughput (95 % interval)")
+    for ax in axes:
+        ax.set_xticks(list(x), names, rotation=30, ha="right")
+    _save(fig, path)
+
+
 def _stacked(ax, categories: list[str], series: dict[str, list[float]], *, xlabel: str) -> None:
     left = [0.0] * len(categories)
     for name, values in series.items():

@@ -214,6 +214,10 @@ def generate_category(
                     "run_nonce": client.run_nonce,
                     "requests_per_s": round(client.requests_per_s, 3),
                     "tokens_per_s": round(client.tokens_per_s, 1),
+                    "requests": client.requests_done,
+                    "output_tokens": client.tokens_done,
+                    "elapsed_s": round(client.elapsed_s, 3),
+                    "concurrency": client_settings.concurrency,
                 }
         failures = FailureCount()
         writer.write(failures.count(assemble(prompt_rows(), builder, journalled_result(journal))))

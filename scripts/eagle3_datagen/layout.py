@@ -15,6 +15,12 @@ PATHS = {
     "shard_generations": "results/generations/{category}/shard_{shard}.parquet",
     "server_log": "logs/generate/{category}/shard_{shard}.server.log",
     "generations": "results/generations/{category}.parquet",
+    # pilot_generate, project_pilot
+    "pilot_generations": "results/pilot/{category}.parquet",
+    "pilot_run": "results/pilot/{category}.json",
+    "pilot_server_log": "logs/pilot_generate/{category}.server.log",
+    "projection": "results/pilot/projection.tsv",
+    "projection_png": "results/plots/projection.png",
     # check_sequences, check_parsers
     "sequence_report": "results/checks/{category}.sequences.json",
     "verdicts": "results/checks/{category}.parquet",

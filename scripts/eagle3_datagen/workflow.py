@@ -121,6 +121,7 @@ PARAMS = {
     "categories": lambda config, category: list(load_sheet(config["categories"])["category"]),
     "demo_model": lambda config, category: config["demo_model"],
     "batch": lambda config, category: dict(config["batch"]),
+    "pilot": lambda config, category: dict(config["pilot"]),
 }
 
 
@@ -158,6 +159,11 @@ def generate_gpus(engine: dict, plan_file: str | Path) -> int:
 
     if json.loads(Path(plan_file).read_text())["to_send"] == 0:
         return 0
+    return server_gpus(engine)
+
+
+def server_gpus(engine: dict) -> int:
+    """GPUs of the server a job launches (none for an external server: it is not the job's)."""
     if engine["kind"] == "sglang":
         return int(engine["sglang"]["tp_size"])
     if engine["kind"] == "local":

@@ -10,6 +10,8 @@ import shutil
 import pytest
 from workdir import ROOT, Workdir
 
+from eagle3_datagen.client import parse_rid
+
 pytestmark = pytest.mark.slow
 
 CATEGORIES = ("alpha", "beta", "gamma")
@@ -38,7 +40,7 @@ class Counter:
         out = {}
         for entry in fresh:
             key = entry["rid"].rsplit(".", 2)[0]
-            category = next(c for c, ids in self.wd.ids.items() if key.rsplit(".", 1)[0] in ids)
+            category = next(c for c, ids in self.wd.ids.items() if parse_rid(entry["rid"])[0][0] in ids)
             out.setdefault(category, []).append(key)
         return out
 
@@ -234,3 +236,31 @@ def test_changing_the_model_fingerprint_regenerates_everything(run):
     wd.snakemake("--cores", "2")
     new = counter.new()
     assert {c: len(v) for c, v in new.items()} == {c: 6 for c in CATEGORIES}
+
+
+def test_the_pilot_is_not_paid_twice(tmp_path, qwen3_tokenizer_dir):
+    """snakemake pilot, then the full run: the full run sends only what the pilot did not."""
+    import json
+
+    wd = Workdir(
+        tmp_path / "run",
+        tokenizer=qwen3_tokenizer_dir,
+        model_dir=None,
+        backend="scripted",
+        categories={c: prompts(c, 20) for c in ("alpha", "beta")},
+        plain_qwen3=True,
+        pilot={"fraction": 0.2, "min_rows": 3},
+    )
+    counter = Counter(wd)
+    wd.snakemake("--cores", "2", "pilot")
+    pilot = counter.new()
+    assert {c: len(keys) for c, keys in pilot.items()} == {"alpha": 4, "beta": 4}
+    table = (wd.path / "results" / "pilot" / "projection.tsv").read_text().splitlines()
+    assert [line.split("\t")[0] for line in table] == ["category", "alpha", "beta", "total"]
+    assert json.loads((wd.path / "results" / "pilot" / "alpha.json").read_text())["sampled"] == 4
+    wd.snakemake("--report", "pilot.html", "pilot")
+    assert "projection" in (wd.path / "pilot.html").read_text(errors="replace")
+    wd.snakemake("--cores", "2")
+    full = counter.new()
+    for category in ("alpha", "beta"):
+        assert len(full[category]) == 16 and not set(full[category]) & set(pilot[category])
