@@ -18,7 +18,7 @@ $(STAMP): requirements.txt
 demo: $(STAMP)
 	$(BIN)/snakemake --cores 2
 	$(BIN)/snakemake --report report.html
-	@echo "dataset: results/dataset/  summary: results/summary.tsv  report: report.html"
+	@echo "trainer rows: results/dataset/ (per category), results/train/train.jsonl  summary: results/summary.tsv  report: report.html"
 
 lint: $(STAMP)
 	$(BIN)/snakemake --lint

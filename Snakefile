@@ -23,6 +23,10 @@ rule all:
     input:
         expand(P["dataset"], category=CATEGORIES),
         P["train"],
+        P["vocab_mapping"],
+        P["token_freq"],
+        P["d2t"],
+        P["t2d"],
         P["summary"],
         P["turns_summary"],
         P["turns_png"],

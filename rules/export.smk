@@ -35,3 +35,25 @@ rule merge_dataset:
         "../envs/pipeline.yaml"
     script:
         "../scripts/merge_dataset.py"
+
+
+rule vocab_mapping:
+    input:
+        train=P["train"],
+        prompts=expand(P["prompts"], category=CATEGORIES),
+    output:
+        token_freq=P["token_freq"],
+        vocab_mapping=P["vocab_mapping"],
+        d2t=P["d2t"],
+        t2d=P["t2d"],
+    log:
+        "logs/vocab_mapping.log",
+    benchmark:
+        "benchmarks/vocab_mapping.tsv"
+    localrule: True
+    conda:
+        "../envs/engine.yaml"
+    params:
+        export=get_param("export"),
+    script:
+        "../scripts/vocab_mapping.py"

@@ -1,6 +1,7 @@
-"""SGLang's own parser classes, installed for the parity test (tests/integration/test_sglang_parity.py).
+"""SGLang's own parser classes, installed for the parity test (tests/integration/test_sglang_parity.py),
+and the trainers' own data code, for the handoff test (tests/integration/test_trainers.py).
 
-    python tests/sglang_oracles.py        # installs every version of parser_corpus.VERSIONS (make test does)
+    python tests/sglang_oracles.py        # installs every version of parser_corpus.VERSIONS and TRAINERS (make test does)
 
 Each version goes into `<repo>/.cache/sglang/<version>` with `pip install --no-deps --target`, plus
 the few pure-Python packages its parser modules import; an installed version is left as it is.
@@ -55,9 +56,39 @@ def installed(version: str) -> Path:
     return target
 
 
+# The trainers whose loaders read the export: each wheel unpacked with --no-deps into
+# <repo>/.cache/trainers/<name>-<version>; the test loads the few modules it runs by their paths.
+TRAINERS = {"specforge": "0.2.0", "speculators": "0.9.0"}
+TRAINER_CACHE = ROOT / ".cache" / "trainers"
+
+
+def install_trainer(name: str, version: str) -> Path:
+    target = TRAINER_CACHE / f"{name}-{version}"
+    if (target / name / "__init__.py").exists():
+        return target
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps"]
+    done = subprocess.run(
+        pip + ["--target", str(target), f"{name}=={version}"], capture_output=True, text=True, timeout=900
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"pip install {name}=={version} failed:\n{done.stderr[-3000:]}")
+    return target
+
+
+def trainer(name: str) -> Path:
+    """The installed trainer package's folder; an AssertionError naming the install command if missing."""
+    target = TRAINER_CACHE / f"{name}-{TRAINERS[name]}"
+    assert (target / name / "__init__.py").exists(), (
+        f"{name} {TRAINERS[name]} is not installed in {target}: run `.venv/bin/python tests/sglang_oracles.py`"
+    )
+    return target / name
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).parent))
     import parser_corpus
 
     for version in parser_corpus.VERSIONS:
         print(f"SGLang {version}: {install(version)}")
+    for name, version in TRAINERS.items():
+        print(f"{name} {version}: {install_trainer(name, version)}")

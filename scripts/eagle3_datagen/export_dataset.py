@@ -44,6 +44,7 @@ class Filters:
 
     drop_truncated: bool
     min_loss_tokens: int
+    max_length: int | None = None
 
     @classmethod
     def from_config(cls, export: dict | None = None, **overrides) -> "Filters":
@@ -57,6 +58,12 @@ def filter_reason(row: dict, filters: Filters) -> str | None:
         return f"truncated: finish_type length after {n_output} tokens (export.filters.drop_truncated)"
     if n_output < filters.min_loss_tokens:
         return f"{n_output} loss tokens, fewer than export.filters.min_loss_tokens {filters.min_loss_tokens}"
+    n_tokens = len(row["prompt_ids"]) + n_output
+    if filters.max_length is not None and n_tokens > filters.max_length:
+        return (
+            f"{n_tokens} tokens, longer than export.filters.max_length {filters.max_length} "
+            "(the trainer's maximum length: it would cut the row)"
+        )
     return None
 
 

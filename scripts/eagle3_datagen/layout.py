@@ -25,11 +25,16 @@ PATHS = {
     "sequence_report": "results/checks/{category}.sequences.json",
     "verdicts": "results/checks/{category}.parquet",
     "verdict_counts": "results/checks/{category}.json",
-    # export_dataset, merge_dataset
+    # export_dataset, merge_dataset, vocab_mapping. Each trainer-ready folder holds trainer rows only,
+    # each once: results/dataset/ (one JSONL per category) and results/train/ (the merged file).
     "dataset": "results/dataset/{category}.jsonl",
-    "dataset_parquet": "results/dataset/{category}.parquet",
-    "rejected": "results/dataset/{category}.rejected.jsonl",
-    "train": "results/dataset/train.jsonl",
+    "dataset_parquet": "results/parquet/{category}.parquet",
+    "rejected": "results/rejected/{category}.jsonl",
+    "train": "results/train/train.jsonl",
+    "token_freq": "results/vocab/token_freq.pt",
+    "vocab_mapping": "results/vocab/vocab_mapping.pt",
+    "d2t": "results/vocab/d2t.npy",
+    "t2d": "results/vocab/t2d.npy",
     # summarize, plot_checks
     "summary": "results/summary.tsv",
     "turns_summary": "results/turns.tsv",

@@ -176,7 +176,7 @@ def test_generate_jobs_run_as_slurm_jobs_with_a_gpu(slurm_run):
 
 def test_outputs_hold_every_row(slurm_run):
     wd, _, _ = slurm_run
-    merged = wd.jsonl("results/dataset/train.jsonl")
+    merged = wd.jsonl("results/train/train.jsonl")
     for category, n in CATEGORIES.items():
         rows = wd.jsonl(f"results/dataset/{category}.jsonl")
         assert sorted((r["id"], r["sample_index"]) for r in rows) == [(f"{category}-{i:03d}", 0) for i in range(n)]
@@ -185,7 +185,7 @@ def test_outputs_hold_every_row(slurm_run):
             len(r["input_ids"]) == len(r["loss_mask"]) == r["n_prompt_tokens"] + r["n_output_tokens"] for r in rows
         )
         assert all(sum(r["loss_mask"]) == r["n_output_tokens"] > 0 for r in rows)
-        assert wd.jsonl(f"results/dataset/{category}.rejected.jsonl") == []
+        assert wd.jsonl(f"results/rejected/{category}.jsonl") == []
         assert (wd.path / "results" / "checks" / f"{category}.json").exists()
     assert len(merged) == sum(CATEGORIES.values())
     assert (wd.path / "results" / "summary.tsv").exists()

@@ -36,7 +36,7 @@ def tiktoken_run(tmp_path_factory, kimi_tiktoken_dir):
 def test_every_row_is_accounted_and_the_literal_row_is_data(tiktoken_run):
     wd = tiktoken_run
     dataset = {r["id"]: r for r in wd.jsonl("results/dataset/chat.jsonl") if r["turn"] == 0}
-    rejected = {r["id"]: r for r in wd.jsonl("results/dataset/chat.rejected.jsonl") if r["turn"] == 0}
+    rejected = {r["id"]: r for r in wd.jsonl("results/rejected/chat.jsonl") if r["turn"] == 0}
     assert len(dataset) + len(rejected) == 10 and "literal" in dataset  # every input row's first turn
     broken = next(r for r in rejected.values() if r["status"] == "skipped")
     assert broken["reason"].startswith("config/prompts/chat.jsonl:10: malformed JSON")

@@ -55,7 +55,7 @@ def test_every_row_ends_in_exactly_one_place(demo_run):
         assert sum(r["turn"] == 0 for r in generations) == n_input
         expected = Counter((r["id"], r["sample_index"], r["turn"]) for r in generations)
         exported = wd.jsonl(f"results/dataset/{category}.jsonl")
-        rejected = wd.jsonl(f"results/dataset/{category}.rejected.jsonl")
+        rejected = wd.jsonl(f"results/rejected/{category}.jsonl")
         keys = [k for r in exported for k in exported_turns(r)] + [
             (r["id"], r["sample_index"], r["turn"]) for r in rejected
         ]
@@ -67,7 +67,7 @@ def test_every_row_ends_in_exactly_one_place(demo_run):
         assert sum(int(t[4]) for t in turns if t[0] == category) == len(generations)
     # The demo's multi-turn conversations got later turns.
     assert any(int(t[1]) > 0 and t[2] == "ok" for t in turns)
-    rejected = {r["id"]: r for r in wd.jsonl("results/dataset/math.rejected.jsonl")}
+    rejected = {r["id"]: r for r in wd.jsonl("results/rejected/math.jsonl")}
     prompts_file = "config/prompts/math.jsonl"
     assert (
         rejected["math-line-7"]["status"] == "skipped"

@@ -1,0 +1,122 @@
+"""The loss tokens' frequencies and the draft vocabulary, in the files both trainers read.
+
+One pass over `train.jsonl` counts every loss-masked token id (`input_ids[loss_mask == 1]`, as both
+trainers count). From the counts, the draft vocabulary is the `draft_vocab_size` most frequent ids
+(ties: the lower id first), padded with the lowest unused ids below `draft_vocab_size` when fewer
+were seen, in ascending order — speculators' rule (`build_vocab_mappings_from_distribution`):
+
+- `d2t` (int64, `[draft_vocab_size]`): offsets, target id = draft index + d2t[draft index];
+- `t2d` (bool, `[target_vocab_size]`): which target ids the draft vocabulary holds.
+
+Files: `vocab_mapping.pt` = `torch.save({"d2t": d2t, "t2d": t2d})` (SpecForge `model.vocab_mapping_path`);
+`token_freq.pt` = `torch.save(dict[int, int])` (speculators' `token_freq.pt`), `d2t.npy` and
+`t2d.npy` (speculators `--d2t-path`, `--t2d-path`).
+"""
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from .tables import read_provenance
+
+log = logging.getLogger(__name__)
+
+FLUSH_TOKENS = 4_000_000
+
+
+def loss_token_counts(path: Path, vocab_size: int) -> tuple[np.ndarray, int]:
+    """(count per target id of the loss-masked tokens of a dataset JSONL file, rows read)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    held: list[np.ndarray] = []
+    n_held = rows = 0
+
+    def flush():
+        nonlocal held, n_held
+        if held:
+            ids = np.concatenate(held)
+            if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+                raise ValueError(f"{path}: a loss token id outside the target vocabulary of {vocab_size}")
+            counts[:] += np.bincount(ids, minlength=vocab_size)[:vocab_size]
+        held, n_held = [], 0
+
+    with open(path, "rb") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            row = orjson.loads(line)
+            ids = np.asarray(row["input_ids"], dtype=np.int64)
+            mask = np.asarray(row["loss_mask"], dtype=bool)
+            held.append(ids[mask])
+            n_held += held[-1].size
+            rows += 1
+            if n_held >= FLUSH_TOKENS:
+                flush()
+    flush()
+    return counts, rows
+
+
+def draft_vocabulary(counts: np.ndarray, draft_vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(d2t, t2d) of the `draft_vocab_size` most frequent ids (see the module doc)."""
+    vocab_size = counts.size
+    if draft_vocab_size > vocab_size:
+        raise ValueError(f"draft_vocab_size {draft_vocab_size} is larger than the target vocabulary {vocab_size}")
+    seen = np.flatnonzero(counts)
+    order = seen[np.lexsort((seen, -counts[seen]))]  # count descending, then id ascending
+    selected = list(order[:draft_vocab_size])
+    if len(selected) < draft_vocab_size:
+        taken = set(int(i) for i in selected)
+        pad = (i for i in range(draft_vocab_size) if i not in taken)
+        selected += [next(pad) for _ in range(draft_vocab_size - len(selected))]
+    chosen = np.sort(np.asarray(selected, dtype=np.int64))
+    d2t = chosen - np.arange(draft_vocab_size, dtype=np.int64)
+    t2d = np.zeros(vocab_size, dtype=bool)
+    t2d[chosen] = True
+    return d2t, t2d
+
+
+def target_vocab_size(prompts: list[Path], export: dict) -> int:
+    if export.get("target_vocab_size"):
+        return int(export["target_vocab_size"])
+    sizes = {int(read_provenance(p)["vocab_size"]) for p in prompts}
+    if len(sizes) != 1:
+        raise ValueError(f"the categories were tokenized with vocabularies of different sizes: {sorted(sizes)}")
+    return sizes.pop()
+
+
+def vocab_mapping(
+    *,
+    train: Path,
+    prompts: list[Path],
+    token_freq: Path,
+    vocab_mapping: Path,
+    d2t: Path,
+    t2d: Path,
+    export: dict,
+) -> dict:
+    """Count train.jsonl's loss tokens once and write the frequencies and the draft vocabulary."""
+    import torch
+
+    size = target_vocab_size(prompts, export)
+    draft = int(export.get("draft_vocab_size", 32000))
+    counts, rows = loss_token_counts(train, size)
+    d2t_array, t2d_array = draft_vocabulary(counts, draft)
+    token_freq.parent.mkdir(parents=True, exist_ok=True)
+    nonzero = np.flatnonzero(counts)
+    torch.save({int(i): int(counts[i]) for i in nonzero}, token_freq)
+    torch.save({"d2t": torch.from_numpy(d2t_array), "t2d": torch.from_numpy(t2d_array)}, vocab_mapping)
+    np.save(d2t, d2t_array)
+    np.save(t2d, t2d_array)
+    covered = int(counts[t2d_array].sum())
+    summary = {
+        "rows": rows,
+        "loss_tokens": int(counts.sum()),
+        "distinct_loss_tokens": int(nonzero.size),
+        "target_vocab_size": size,
+        "draft_vocab_size": draft,
+        "loss_tokens_in_draft_vocab": round(covered / max(int(counts.sum()), 1), 6),
+    }
+    log.info("%s", json.dumps(summary))
+    return summary
