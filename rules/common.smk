@@ -11,6 +11,14 @@ from eagle3_datagen.layout import PATHS as P
 validate(config, "../schemas/config.schema.yaml")
 wf.check_engine(config["engine"])
 
+
+# On the submitting host of a SLURM run, before any job: fail now, not after a silent wait, when the
+# executor cannot read job states (a cluster without an accounting database, MinJobAge too short).
+onstart:
+    if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm" and not workflow.dryrun:
+        wf.check_slurm_status(workflow.executor_settings)
+
+
 sheet = wf.load_sheet(config["categories"])
 wf.validate_sheet(
     sheet,
@@ -84,8 +92,14 @@ def get_generate_runtime(wildcards):
 
 
 def get_shard_files(wildcards):
-    shards = wf.shard_count(get_category(wildcards))
-    return expand(P["shard_generations"], category=wildcards.category, shard=range(shards))
+    """Each shard's generations: from a GPU job where its plan sends something, else from the journal
+    on the submitting host (rule generate_cached). The plans are a checkpoint's outputs."""
+    files = []
+    for shard in range(wf.shard_count(get_category(wildcards))):
+        plan = checkpoints.plan_generation.get(category=wildcards.category, shard=shard).output.plan
+        key = "shard_generations" if wf.plan_sends(plan) else "cached_shard_generations"
+        files.append(P[key].format(category=wildcards.category, shard=shard))
+    return files
 
 
 def get_all_plan_files(wildcards):

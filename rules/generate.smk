@@ -1,4 +1,5 @@
-rule plan_generation:
+# A checkpoint: which shards need the GPU is known once their plans are written (merge_shards).
+checkpoint plan_generation:
     input:
         prompts=P["prompts"],
         tokenizer=get_tokenizer_files,
@@ -69,6 +70,38 @@ rule generate:
         max_failed_share=get_param("max_failed_share"),
         cache_dir=get_param("cache_dir"),
         shards=get_param("shards"),
+    script:
+        "../scripts/generate.py"
+
+
+# A shard whose plan sends nothing (every row journalled: rm -r results, or an orphan finished it) is
+# assembled from the journal here, on the submitting host: no SLURM job, no GPU.
+rule generate_cached:
+    input:
+        prompts=P["prompts"],
+        plan=P["plan"],
+        tokenizer=get_tokenizer_files,
+        model_weights=get_model_weights,
+    output:
+        shard_generations=P["cached_shard_generations"],
+    log:
+        "logs/generate_cached/{category}/shard_{shard}.log",
+        server_log="logs/generate_cached/{category}/shard_{shard}.server.log",
+    benchmark:
+        "benchmarks/generate_cached/{category}/shard_{shard}.tsv"
+    localrule: True
+    conda:
+        "../envs/pipeline.yaml"
+    params:
+        model=get_param("model"),
+        sampling=get_param("sampling"),
+        engine=get_param("engine"),
+        budget=get_param("budget"),
+        client=get_param("client"),
+        max_failed_share=get_param("max_failed_share"),
+        cache_dir=get_param("cache_dir"),
+        shards=get_param("shards"),
+        may_send=False,
     script:
         "../scripts/generate.py"
 

@@ -17,8 +17,17 @@ import pyarrow as pa
 
 from .client import GenerateClient, Request, ServerDied
 from .journal import Journal
-from .plan_generation import make_builder, make_plan, open_journal, requests_to_send, shard_of, shard_rows
-from .servers import api_key, job_facts, seeds_honoured, server_provenance, servers, terminate_on_sigterm
+from .locks import ShardLock
+from .plan_generation import (
+    journal_path,
+    make_builder,
+    make_plan,
+    open_journal,
+    requests_to_send,
+    shard_of,
+    shard_rows,
+)
+from .servers import api_key, attempt_logs, job_facts, seeds_honoured, server_provenance, servers, terminate_on_sigterm
 from .settings import ClientSettings, ModelProfile, stable_hash
 from .tables import (
     GENERATIONS_SCHEMA,
@@ -150,6 +159,7 @@ def generate_category(
     max_failed_share: float,
     category: str,
     writer: TableWriter,
+    may_send: bool = True,
 ) -> dict:
     """Generate every usable row of a category into `writer`; returns the provenance.
 
@@ -168,6 +178,11 @@ def generate_category(
         todo = make_plan(prompt_rows(), builder, journal)
         provenance["plan"] = todo.summary()
         log.info("%s plan: %s", category, provenance["plan"])
+        if todo.to_send and not may_send:
+            raise RuntimeError(
+                f"{category}: its plan had nothing to send, but the journal {journal.path} now lacks {todo.to_send} "
+                "rows (was it moved?): rerun, and its plan sends them from a GPU job"
+            )
         if todo.to_send:
             key = api_key(engine)
             headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -262,8 +277,10 @@ def generate(
     max_failed_share: float,
     cache_dir: str,
     shards: int,
+    may_send: bool = True,
 ) -> None:
-    """Generate one shard of a category into `shard_generations`.
+    """Generate one shard of a category into `shard_generations` (`may_send=False`: only from the
+    journal, on a host without the server: rule generate_cached).
 
     Memory follows the requests in flight and one batch of rows, not the rows done: prompts are
     read a batch at a time, results are read back from the journal as the table is written."""
@@ -283,7 +300,13 @@ def generate(
     def prompt_rows():
         return shard_rows(iter_rows(prompts, columns=ASSEMBLE_COLUMNS), shard, shards)
 
-    with TableWriter(shard_generations, GENERATIONS_SCHEMA) as writer:
+    # The lock first: opening the journal may cut a torn tail, which only its one writer may do.
+    with (
+        attempt_logs(Path(server_log)) as attempt_server_log,
+        ShardLock(journal_path(cache_dir, category, shard, shards)),
+        TableWriter(shard_generations, GENERATIONS_SCHEMA) as writer,
+    ):
+        journal = open_journal(cache_dir, category, shard, shards)
         provenance = generate_category(
             prompt_rows,
             facts=facts,
@@ -292,11 +315,12 @@ def generate(
             engine=engine,
             budget=budget,
             client_settings=ClientSettings.from_config(client),
-            journal=open_journal(cache_dir, category, shard, shards),
-            server_log=server_log,
+            journal=journal,
+            server_log=attempt_server_log,
             max_failed_share=max_failed_share,
             category=label,
             writer=writer,
+            may_send=may_send,
         )
         provenance.update(
             {"prompts": facts, "params": params, "config_sha256": stable_hash(params), "shard": shard, "shards": shards}

@@ -13,6 +13,7 @@ PATHS = {
     "preview": "results/plan.tsv",
     # generate, merge_shards
     "shard_generations": "results/generations/{category}/shard_{shard}.parquet",
+    "cached_shard_generations": "results/generations/{category}/shard_{shard}.cached.parquet",
     "server_log": "logs/generate/{category}/shard_{shard}.server.log",
     "generations": "results/generations/{category}.parquet",
     # pilot_generate, project_pilot

@@ -26,6 +26,7 @@ import orjson
 from .export_dataset import dataset_row
 from .generate import ASSEMBLE_COLUMNS, generate_category
 from .journal import Journal
+from .locks import ShardLock
 from .plan_generation import journal_path
 from .servers import job_facts
 from .settings import ClientSettings, ModelProfile, stable_hash
@@ -50,9 +51,13 @@ def sample_keys(prompts: Path, pilot: dict, seed: int) -> tuple[set, int]:
     return {key for _, key in sorted(drawn)[:n]}, len(drawn)
 
 
+def pilot_journal_path(cache_dir: str | Path, category: str) -> Path:
+    return journal_path(cache_dir, category, 0, 1).with_name("pilot.jsonl")
+
+
 def pilot_journal(cache_dir: str | Path, category: str) -> Journal:
     """The pilot's journal, beside the category's shard journals: each reads the others."""
-    path = journal_path(cache_dir, category, 0, 1).with_name("pilot.jsonl")
+    path = pilot_journal_path(cache_dir, category)
     others = sorted(path.parent.glob("*.jsonl")) if path.parent.exists() else []
     return Journal(path, also_read=others)
 
@@ -80,8 +85,11 @@ def pilot_generate(
     def prompt_rows() -> Iterator[dict]:
         return (r for r in iter_rows(prompts, columns=ASSEMBLE_COLUMNS) if (r["id"], int(r["sample_index"])) in keys)
 
-    journal = pilot_journal(cache_dir, category)
-    with TableWriter(pilot_generations, GENERATIONS_SCHEMA) as writer:
+    with (
+        ShardLock(pilot_journal_path(cache_dir, category)),
+        TableWriter(pilot_generations, GENERATIONS_SCHEMA) as writer,
+    ):
+        journal = pilot_journal(cache_dir, category)
         provenance = generate_category(
             prompt_rows,
             facts=facts,

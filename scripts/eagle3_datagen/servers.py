@@ -129,6 +129,22 @@ def local_engine_command(
     return cmd + shlex.split(os.environ.get(LOCAL_ENGINE_ARGS_ENV, ""))
 
 
+# Exit codes of a server stopped by SIGTERM: killed by the signal (-15), its shell convention
+# (143 = 128 + 15), a Python sys.exit(-15) as the watchdog passes it on (241 = 256 - 15), or 0.
+STOPPED_BY_SIGTERM = {0, -signal.SIGTERM, 128 + signal.SIGTERM, 256 - signal.SIGTERM}
+
+
+def stop_message(code: int | None, *, stopped_here: bool) -> str:
+    """How a server's end reads in the log: a stop this job asked for is normal, whatever its code."""
+    if not stopped_here:
+        return f"the server had already exited by itself, with exit code {code}"
+    if code in STOPPED_BY_SIGTERM:
+        return f"server stopped normally (SIGTERM from this job; exit code {code})"
+    if code == -signal.SIGKILL:
+        return "server killed (SIGKILL) after it ignored SIGTERM"
+    return f"server stopped after SIGTERM, with exit code {code}"
+
+
 class ManagedServer:
     """A server process owned by this job: `with ManagedServer(...) as url:`."""
 
@@ -196,7 +212,8 @@ class ManagedServer:
     def stop(self, grace_s: float = 30.0) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
+        already = self.proc.poll()
+        if already is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             except ProcessLookupError:
@@ -211,7 +228,7 @@ class ManagedServer:
                     pass
                 self.proc.wait()
         self._log.close()
-        log.info("server stopped (exit code %s)", self.proc.returncode)
+        log.info("%s", stop_message(self.proc.returncode, stopped_here=already is None))
 
     def __enter__(self) -> str:
         return self.start()
@@ -275,6 +292,55 @@ def servers(engine: dict, *, profile: ModelProfile, log_path: Path, key: str | N
     server = ManagedServer(cmd, port=port, log_path=log_path, startup_timeout_s=float(engine["startup_timeout_s"]))
     with server as url:
         yield Servers([url], server)
+
+
+@contextmanager
+def attempt_logs(server_log: Path):
+    """Every attempt of a job keeps its own logs: Snakemake empties a job's declared logs when it
+    runs it again, so a killed or failed attempt's evidence would be gone after the rerun.
+
+    Yields the attempt's server log, `attempts/<name>.<time>.<host>.<pid>[.slurm<id>].server.log`
+    beside `server_log`; the job's own log lines also go to the same name with `.log`, after a
+    header naming the attempt. When the attempt ends (however it ends, short of SIGKILL), its server
+    log is copied to `server_log`, where the rule declares it."""
+    import shutil
+
+    job = os.environ.get("SLURM_JOB_ID")
+    stem = server_log.name.removesuffix(".server.log").removesuffix(".log")
+    tag = f"{time.strftime('%Y%m%d-%H%M%S')}.{socket.gethostname()}.{os.getpid()}" + (f".slurm{job}" if job else "")
+    folder = server_log.parent / "attempts"
+    folder.mkdir(parents=True, exist_ok=True)
+    n = 0
+    while (folder / f"{stem}.{tag}{f'-{n}' if n else ''}.log").exists():  # two attempts in one second
+        n += 1
+    tag += f"-{n}" if n else ""
+    client_log, attempt_server_log = folder / f"{stem}.{tag}.log", folder / f"{stem}.{tag}.server.log"
+    handler = logging.FileHandler(client_log)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    log.info(
+        "attempt on %s, pid %d%s; this attempt's logs: %s, %s",
+        socket.gethostname(),
+        os.getpid(),
+        f", SLURM job {job}" if job else "",
+        client_log,
+        attempt_server_log,
+    )
+    try:
+        yield attempt_server_log
+    except BaseException as exc:  # the attempt's own log says how it ended
+        log.error("this attempt failed: %s: %s", type(exc).__name__, exc)
+        raise
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+        if attempt_server_log.exists():
+            server_log.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(attempt_server_log, server_log)
+        else:
+            server_log.parent.mkdir(parents=True, exist_ok=True)
+            server_log.write_text("no server was started by this attempt (nothing to send, or an external server)\n")
 
 
 def job_facts() -> dict:

@@ -5,6 +5,7 @@ parameters change, and scripts never read the global config.
 """
 
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -153,6 +154,13 @@ def setup_logging(log_file: str | Path | None = None, level: int = logging.INFO)
     )
 
 
+def plan_sends(plan_file: str | Path) -> bool:
+    """Whether a shard's plan has anything to send (then its generate job needs the server)."""
+    import json
+
+    return json.loads(Path(plan_file).read_text())["to_send"] > 0
+
+
 def generate_gpus(engine: dict, plan_file: str | Path) -> int:
     """GPUs a generate job asks for: the launched server's, and none when nothing is left to send."""
     import json
@@ -187,3 +195,64 @@ def check_engine(engine: dict) -> None:
         check_extra_args([str(a) for a in engine["sglang"].get("extra_args") or []])
     if engine["kind"] == "external" and not (engine.get("external") or {}).get("urls"):
         raise ValueError("engine.kind is external but engine.external.urls is empty")
+
+
+def check_slurm_status(settings, *, run=None) -> str:
+    """Make sure, before any job is submitted, that the SLURM executor can read its jobs' states.
+
+    snakemake-executor-plugin-slurm reads job states with `sacct` wherever the binary exists, and
+    `sacct` needs SLURM's accounting database: on a cluster without slurmdbd every query fails, and
+    Snakemake would wait for jobs it never sees finish, silently. So the query the plugin will run is
+    tried here; where it fails, the run reads job states with `squeue` instead (the plugin reads the
+    setting at each check) and says so — provided the cluster keeps a finished job visible to squeue
+    long enough (`MinJobAge` at least 3 x slurm-init-seconds-before-status-checks, the plugin's own
+    threshold); otherwise it stops with what to change. Returns what was decided."""
+    import shlex
+    import subprocess
+
+    run = run or (lambda cmd: subprocess.run(shlex.split(cmd), capture_output=True, text=True, timeout=30))
+    command = getattr(settings, "status_command", None) or "sacct"
+    init_s = int(getattr(settings, "init_seconds_before_status_checks", None) or 40)
+
+    def min_job_age() -> int | None:
+        found = re.search(r"^MinJobAge\s*=\s*(\d+)", run("scontrol show config").stdout or "", re.MULTILINE)
+        return int(found.group(1)) if found else None
+
+    def too_short(age: int | None, why: str) -> ValueError:
+        return ValueError(
+            f"{why}, and squeue sees a finished job only for MinJobAge = {age if age is not None else 'unknown'} s "
+            f"(scontrol show config | grep MinJobAge), less than 3 x slurm-init-seconds-before-status-checks "
+            f"({init_s} s): the SLURM executor could never see jobs finish. Set slurm-init-seconds-before-status-checks "
+            f"to {max((age or 0) // 3, 1)} or less in your profile (~/.config/snakemake/slurm/config.yaml), or ask for "
+            "a longer MinJobAge."
+        )
+
+    if command == "sacct":
+        probe = run(
+            "sacct -X --parsable2 --clusters all --noheader --format=JobIdRaw,State "
+            "--starttime now-1hours --endtime now --name eagle3-datagen-status-probe"
+        )
+        if probe.returncode == 0:
+            return "sacct"
+        said = " / ".join((probe.stderr or probe.stdout).strip().splitlines()[:2]) or f"exit code {probe.returncode}"
+        age = min_job_age()
+        why = f"SLURM's accounting does not answer here (`sacct` said: {said})"
+        if age is None or age < 3 * init_s:
+            raise too_short(age, why)
+        try:
+            settings.status_command = "squeue"
+        except (AttributeError, TypeError):
+            raise ValueError(f"{why}: add `slurm-status-command: squeue` to your profile") from None
+        logging.getLogger(__name__).warning(
+            "%s: job states are read with squeue (MinJobAge %d s). Add `slurm-status-command: squeue` to your "
+            "profile to make it the stated choice.",
+            why,
+            age,
+        )
+        return "squeue (sacct does not answer)"
+    if command == "squeue":
+        age = min_job_age()
+        if age is not None and age < 3 * init_s:
+            raise too_short(age, "slurm-status-command is squeue")
+        return "squeue"
+    return command

@@ -197,3 +197,141 @@ def test_a_second_run_through_the_profile_has_nothing_to_do(slurm_run):
     proc = wd.snakemake("--profile", str(PROFILE), "--dry-run", timeout=120)
     assert "Nothing to be done" in proc.stdout + proc.stderr
     assert set(generate_job_logs(wd)) == before
+
+
+def test_after_rm_results_no_slurm_job_is_submitted_and_the_dataset_is_the_same(slurm_run):
+    """Every shard's plan sends nothing: each is assembled from the journal on the submitting host."""
+    wd, _, _ = slurm_run
+    before = set(generate_job_logs(wd))
+    served = len(wd.engine_record())
+    dataset = {c: (wd.path / "results" / "dataset" / f"{c}.jsonl").read_bytes() for c in CATEGORIES}
+    shutil.rmtree(wd.path / "results")
+    wd.snakemake("--profile", str(PROFILE), timeout=RUN_TIMEOUT_S)
+    assert set(generate_job_logs(wd)) == before  # no generate job went to SLURM
+    assert {p.name for p in (wd.path / ".snakemake" / "slurm_logs").iterdir()} == {"rule_generate"}
+    assert len(wd.engine_record()) == served  # and no request was sent
+    assert {c: (wd.path / "results" / "dataset" / f"{c}.jsonl").read_bytes() for c in CATEGORIES} == dataset
+    for category in CATEGORIES:
+        assert (wd.path / "results" / "generations" / category / "shard_0.cached.parquet").exists()
+
+
+def profile_without_status_command(path, *extra):
+    """The test profile without its slurm-status-command line (the plugin then picks sacct), plus `extra` lines."""
+    path.mkdir()
+    text = (PROFILE / "config.yaml").read_text()
+    lines = [
+        line
+        for line in text.splitlines()
+        if not line.startswith(("slurm-status-command", *[e.split(":")[0] for e in extra]))
+    ]
+    (path / "config.yaml").write_text("\n".join(lines + list(extra)) + "\n")
+    return path
+
+
+def small_run(path, qwen3_tokenizer_dir):
+    wd = Workdir(
+        path,
+        tokenizer=qwen3_tokenizer_dir,
+        model_dir=None,
+        backend="scripted",
+        categories={"alpha": prompts("alpha", 2)},
+        plain_qwen3=True,
+    )
+    wd.config["engine"]["job"] = {"cpus": 1, "mem_mb": 1000, "runtime": 10}
+    wd.write_config()
+    return wd
+
+
+def run_profile(wd, profile, limit_s):
+    cmd = ["timeout", "-s", "INT", "-k", "10", str(limit_s), *SNAKEMAKE, "--snakefile", str(ROOT / "Snakefile")]
+    start = time.monotonic()
+    proc = subprocess.run(
+        cmd + ["--directory", str(wd.path), "--profile", str(profile)], capture_output=True, text=True
+    )
+    return proc, time.monotonic() - start
+
+
+def test_without_accounting_a_profile_that_names_no_status_command_still_finishes(
+    slurm_cluster, tmp_path, qwen3_tokenizer_dir
+):
+    """The test cluster has no accounting database: the plugin's default (sacct) cannot work, so the
+    run reads job states with squeue, says so, and finishes."""
+    wd = small_run(tmp_path / "run", qwen3_tokenizer_dir)
+    proc, elapsed = run_profile(wd, profile_without_status_command(tmp_path / "profile"), RUN_TIMEOUT_S)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, (elapsed, said[-4000:])
+    assert "job states are read with squeue" in said and "accounting storage is disabled" in said
+    assert len(wd.jsonl("results/dataset/alpha.jsonl")) == 2
+
+
+def test_a_profile_whose_job_states_cannot_be_read_fails_fast(slurm_cluster, tmp_path, qwen3_tokenizer_dir):
+    """No accounting, and finished jobs vanish from squeue before the first check (MinJobAge 600 s
+    against 3 x 300 s): refused at once with what to change, and nothing is submitted."""
+    wd = small_run(tmp_path / "run", qwen3_tokenizer_dir)
+    profile = profile_without_status_command(tmp_path / "profile", "slurm-init-seconds-before-status-checks: 300")
+    proc, elapsed = run_profile(wd, profile, 90)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode not in (0, 124) and elapsed < 60, (proc.returncode, elapsed, said[-3000:])
+    assert "MinJobAge = 600 s" in said and "slurm-init-seconds-before-status-checks to 200" in said, said[-3000:]
+    assert not (wd.path / ".snakemake" / "slurm_logs").exists()  # no job was submitted
+    assert not (wd.path / "results" / "prompts").exists()  # nor anything run
+
+
+def test_a_killed_snakemakes_orphan_and_its_twin_never_send_the_same_row(slurm_cluster, tmp_path, qwen3_tokenizer_dir):
+    """kill -9 of Snakemake mid-run: its generate job runs on as an orphan; the rerun's twin job for
+    the same shard refuses while the orphan holds the journal; once it is done, a rerun finishes."""
+    import signal
+
+    from eagle3_datagen.client import parse_rid
+
+    n = 40
+    wd = Workdir(
+        tmp_path / "run",
+        tokenizer=qwen3_tokenizer_dir,
+        model_dir=None,
+        backend="scripted",
+        categories={"orphan": prompts("orphan", n)},
+        plain_qwen3=True,
+        engine_args="--latency-ms 300:600",
+        client={"concurrency": 2, "max_retries": 3, "progress_interval_s": 1},
+    )
+    wd.config["engine"]["local"]["gpus"] = 1
+    wd.config["engine"]["job"] = {"cpus": 1, "mem_mb": 1000, "runtime": 10}
+    wd.write_config()
+    journal = wd.path / "cache" / "journal" / "orphan" / "shard_0-of-1.jsonl"
+    cmd = SNAKEMAKE + ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(wd.path), "--profile", str(PROFILE)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=wd.env())
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline and not (journal.exists() and len(journal.read_bytes().splitlines()) >= 5):
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)  # Snakemake only: its SLURM job runs on, an orphan
+    proc.wait()
+    assert len(journal.read_bytes().splitlines()) < n, "the orphan finished before the twin could meet it"
+
+    wd.snakemake("--unlock")
+    twin = wd.snakemake("--profile", str(PROFILE), check=False, timeout=RUN_TIMEOUT_S)
+    attempts = wd.path / "logs" / "generate" / "orphan" / "attempts"
+    refused = [p for p in attempts.glob("*.log") if "another generate job holds the journal" in p.read_text()]
+    if twin.returncode != 0:  # the twin met the live orphan and refused, naming it
+        assert refused, twin.stderr[-3000:]
+        assert "SLURM job" in refused[0].read_text()
+    while (
+        time.monotonic() < deadline
+        and subprocess.run(
+            ["squeue", "--noheader", "--states=PENDING,CONFIGURING,RUNNING,COMPLETING,SUSPENDED"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    ):
+        time.sleep(0.5)  # the orphan finishes its shard
+    final = wd.snakemake("--profile", str(PROFILE), check=False, timeout=RUN_TIMEOUT_S)
+    logs = {p.name: p.read_text()[-1500:] for p in sorted(attempts.glob("*.log"))}
+    assert final.returncode == 0, (final.stderr[-3000:], logs)
+
+    from eagle3_datagen.tables import read_rows
+
+    rows = read_rows(wd.path / "results" / "generations" / "orphan.parquet")
+    assert sorted(r["id"] for r in rows) == [f"orphan-{i:03d}" for i in range(n)]
+    assert all(r["status"] == "ok" for r in rows)
+    served = [parse_rid(e["rid"])[0] for e in wd.engine_record("orphan") if e.get("status") == 200]
+    assert len(served) == len(set(served)) == n  # no row was answered twice, by orphan or twin

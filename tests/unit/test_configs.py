@@ -33,3 +33,36 @@ def test_production_examples_follow_the_model_cards():
     assert kimi["engine"]["sglang"]["tp_size"] == 8 and kimi["engine"]["sglang"]["trust_remote_code"]
     assert kimi["model"]["chat_template_kwargs"] == {"thinking": True}
     assert (kimi["sampling"]["temperature"], kimi["sampling"]["top_p"]) == (1.0, 0.95)
+
+
+def test_a_slurm_run_reads_job_states_with_what_works_or_is_refused_before_any_job():
+    from types import SimpleNamespace
+
+    import pytest
+
+    from eagle3_datagen.workflow import check_slurm_status
+
+    def cluster(sacct_rc, min_job_age):
+        def run(cmd):
+            if cmd.startswith("sacct"):
+                return SimpleNamespace(returncode=sacct_rc, stdout="", stderr="Slurm accounting storage is disabled")
+            return SimpleNamespace(returncode=0, stdout=f"MinJobAge               = {min_job_age} sec\n", stderr="")
+
+        return run
+
+    settings = SimpleNamespace(status_command="sacct", init_seconds_before_status_checks=40)
+    assert check_slurm_status(settings, run=cluster(0, 300)) == "sacct" and settings.status_command == "sacct"
+    # No accounting database: squeue, where finished jobs stay visible long enough.
+    assert (
+        check_slurm_status(settings, run=cluster(1, 300)).startswith("squeue") and settings.status_command == "squeue"
+    )
+    # ... and a refusal that says what to change where they do not.
+    with pytest.raises(ValueError, match="accounting storage is disabled") as refused:
+        check_slurm_status(SimpleNamespace(status_command="sacct"), run=cluster(1, 60))
+    assert "MinJobAge = 60 s" in str(refused.value) and "slurm-init-seconds-before-status-checks to 20" in str(
+        refused.value
+    )
+    squeue = SimpleNamespace(status_command="squeue", init_seconds_before_status_checks=40)
+    with pytest.raises(ValueError, match="MinJobAge = 60 s"):
+        check_slurm_status(squeue, run=cluster(0, 60))
+    assert check_slurm_status(squeue, run=cluster(0, 300)) == "squeue"

@@ -127,7 +127,7 @@ def test_every_script_is_the_runner_on_the_step_of_its_rule():
         ), script
         assert len(lines) == 3, script
     smk = "".join(p.read_text() for p in (ROOT / "rules").glob("*.smk"))
-    assert rules == {name for name in rules if f"rule {name}:" in smk}
+    assert rules == {name for name in rules if f"rule {name}:" in smk or f"checkpoint {name}:" in smk}
 
 
 def test_every_step_parameter_is_in_a_table():

@@ -151,3 +151,30 @@ def test_deterministic_inference_reaches_the_servers_a_job_launches():
     assert "--enable-deterministic-inference" in sglang_command(engine, port=1, context_length=10)
     local = defaults("engine", kind="local", deterministic_inference=True, local={"backend": "scripted"})
     assert "--enable-deterministic-inference" in local_engine_command(local, port=5, context_length=64, tokenizer="/t")
+
+
+def test_every_attempt_keeps_its_own_logs(tmp_path, caplog):
+    import logging
+    import signal
+
+    from eagle3_datagen.servers import attempt_logs, stop_message
+
+    caplog.set_level(logging.INFO)  # as a job's logging is set up
+    server_log = tmp_path / "logs" / "generate" / "c" / "shard_0.server.log"
+    for attempt in range(2):
+        with attempt_logs(server_log) as attempt_server_log:
+            logging.getLogger("eagle3_datagen.test").warning("attempt %d says hello", attempt)
+            attempt_server_log.write_text(f"server of attempt {attempt}\n")
+        assert server_log.read_text() == f"server of attempt {attempt}\n"  # the declared log: the last attempt's
+    folder = server_log.parent / "attempts"
+    client_logs = sorted(p for p in folder.iterdir() if not p.name.endswith(".server.log"))
+    server_logs = sorted(p for p in folder.iterdir() if p.name.endswith(".server.log"))
+    assert len(client_logs) == len(server_logs) == 2
+    texts = [p.read_text() for p in client_logs]
+    assert all("attempt on" in t and "pid" in t for t in texts)
+    assert sorted("attempt 0 says hello" in t for t in texts) == [False, True]
+    assert {p.read_text() for p in server_logs} == {"server of attempt 0\n", "server of attempt 1\n"}
+    # A stop the job asked for reads as normal, whatever the signal made of the exit code.
+    for code in (0, -signal.SIGTERM, 143, 241):
+        assert "stopped normally" in stop_message(code, stopped_here=True)
+    assert "already exited by itself" in stop_message(1, stopped_here=False)

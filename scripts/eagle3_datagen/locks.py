@@ -1,0 +1,90 @@
+"""One generate job per shard at a time: a lock on the shard's journal.
+
+Two jobs sending one shard's rows (an orphan left by a killed Snakemake and its resubmitted twin, a
+second Snakemake in the same directory, another user sharing `cache/`) would pay for every row
+twice, and their appends to one journal could interleave. So a generate job holds
+`<journal>.lock` for its whole run, and a second job for the same shard **refuses** at once, before
+it starts a server, with a message naming the holder (host, pid, SLURM job id, since when): no GPU
+waits on another job.
+
+The lock is a POSIX record lock (`fcntl.lockf`) on that file, the kind NFS (v3 through lockd, v4
+natively), Lustre (mounted with `flock`, the usual setting; `localflock` only locks within a node)
+and GPFS keep across nodes, and that dies with its holder: a holder that is killed, even with
+SIGKILL, releases it at once on a local or parallel filesystem; on NFS, when the server notices
+(NFSv4: within its lease time, 90 s by default). A lock left by a dead holder is so taken over by
+the next job without anyone removing a file. The holder's description is written into the lock
+file only to name it in the message.
+"""
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+
+class ShardBusy(RuntimeError):
+    """Another live job holds the shard's journal."""
+
+
+def holder_facts() -> dict:
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def describe(facts: dict) -> str:
+    job = f", SLURM job {facts['slurm_job_id']}" if facts.get("slurm_job_id") else ""
+    return f"host {facts.get('host')}, pid {facts.get('pid')}{job}, since {facts.get('since')}"
+
+
+class ShardLock:
+    def __init__(self, journal: str | Path):
+        self.journal = Path(journal)
+        self.path = self.journal.with_name(self.journal.name + ".lock")
+        self._fd: int | None = None
+
+    def acquire(self) -> "ShardLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            try:
+                facts = json.loads(self.path.read_text() or "{}")
+            except (OSError, ValueError):
+                facts = {}
+            who = describe(facts) if facts else "a job that has not written its name yet"
+            hint = f" (scancel {facts['slurm_job_id']})" if facts.get("slurm_job_id") else ""
+            raise ShardBusy(
+                f"another generate job holds the journal {self.journal}: {who}. Two jobs sending one shard's rows "
+                f"would pay for each row twice, so this one stops before starting a server. Let the holder "
+                f"finish (a rerun then sends nothing it journalled), or stop it{hint} and rerun; a holder that "
+                "dies releases the lock by itself (see the README: after a kill or preemption)."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(holder_facts()) + "\n").encode())
+        os.fsync(fd)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.lockf(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "ShardLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
