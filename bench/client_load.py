@@ -381,6 +381,7 @@ def multi_turn_run(url: str, builder, rows: list[dict], tmp: Path, concurrency: 
     """One multi-turn run: (c) of the module doc. Rows of one turn each make the baseline: the same
     client without follow-ups."""
     from eagle3_datagen.plan_generation import requests_to_send
+    from eagle3_datagen.turns import follower
 
     c = concurrency
     client = RecordingClient(
@@ -395,12 +396,11 @@ def multi_turn_run(url: str, builder, rows: list[dict], tmp: Path, concurrency: 
         yield from requests_to_send(rows, builder, None, in_flight)
         drawn["last_new"] = time.perf_counter()
 
-    def follow(req, result):
+    pipeline_follow = follower(in_flight)
+
+    def follow(req, result):  # the pipeline's own follow-up, timed
         t = time.perf_counter()
-        conversation = in_flight.pop(req.key)
-        following = conversation.advance(result)
-        if following is not None:
-            in_flight[following.key] = conversation
+        following = pipeline_follow(req, result)
         drawn["follow_s"] += time.perf_counter() - t
         drawn["follows"] += 1
         return following

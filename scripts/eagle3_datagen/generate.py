@@ -39,7 +39,7 @@ from .tables import (
     iter_rows,
     read_provenance,
 )
-from .turns import TurnBuilder, walk
+from .turns import TurnBuilder, follower, walk
 
 log = logging.getLogger(__name__)
 
@@ -203,13 +203,6 @@ def generate_category(
                 in_flight: dict = {}
                 requests = requests_to_send(prompt_rows(), builder, journal, in_flight)
 
-                def follow(req: Request, result: dict) -> Request | None:
-                    conversation = in_flight.pop(req.key)
-                    following = conversation.advance(result)
-                    if following is not None:
-                        in_flight[following.key] = conversation
-                    return following
-
                 try:
                     asyncio.run(
                         client.run(
@@ -217,7 +210,7 @@ def generate_category(
                             journal,
                             total=todo.to_send + todo.later_turns,
                             keep_results=False,
-                            follow=follow if todo.later_turns else None,
+                            follow=follower(in_flight) if todo.later_turns else None,
                         )
                     )
                 except ServerDied as exc:

@@ -248,3 +248,17 @@ def walk(conversation: Conversation, result_of: Callable[[Request], dict | None]
         if result is None:
             return
         req = conversation.advance(result)
+
+
+def follower(in_flight: dict) -> Callable[[Request, dict], Request | None]:
+    """The client's follow-up (`GenerateClient.run(follow=...)`) over the conversations in flight,
+    by request key (`plan_generation.requests_to_send` fills `in_flight`): a result's next turn."""
+
+    def follow(req: Request, result: dict) -> Request | None:
+        conversation = in_flight.pop(req.key)
+        following = conversation.advance(result)
+        if following is not None:
+            in_flight[following.key] = conversation
+        return following
+
+    return follow
