@@ -11,6 +11,7 @@ import itertools
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
@@ -255,6 +256,20 @@ ASSEMBLE_COLUMNS = [
 ]
 
 
+@contextmanager
+def sending_job(journal_file: Path, server_log: Path, output: Path):
+    """What a job that sends a journal's requests holds for its whole run (generate, the pilot):
+    its attempt's own logs, the journal's lock, and its output table, yielded as (the attempt's
+    server log, the writer). The journal is opened inside: opening it may cut a torn tail, which
+    only its one writer, the lock's holder, may do."""
+    with (
+        attempt_logs(Path(server_log)) as attempt_server_log,
+        ShardLock(journal_file),
+        TableWriter(output, GENERATIONS_SCHEMA) as writer,
+    ):
+        yield attempt_server_log, writer
+
+
 def generate(
     *,
     prompts: Path,
@@ -293,11 +308,9 @@ def generate(
     def prompt_rows():
         return shard_rows(iter_rows(prompts, columns=ASSEMBLE_COLUMNS), shard, shards)
 
-    # The lock first: opening the journal may cut a torn tail, which only its one writer may do.
-    with (
-        attempt_logs(Path(server_log)) as attempt_server_log,
-        ShardLock(journal_path(cache_dir, category, shard, shards)),
-        TableWriter(shard_generations, GENERATIONS_SCHEMA) as writer,
+    with sending_job(journal_path(cache_dir, category, shard, shards), server_log, shard_generations) as (
+        attempt_server_log,
+        writer,
     ):
         journal = open_journal(cache_dir, category, shard, shards)
         provenance = generate_category(

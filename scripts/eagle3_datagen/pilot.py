@@ -24,13 +24,12 @@ from pathlib import Path
 import orjson
 
 from .export_dataset import dataset_row
-from .generate import ASSEMBLE_COLUMNS, generate_category
+from .generate import ASSEMBLE_COLUMNS, generate_category, sending_job
 from .journal import Journal
-from .locks import ShardLock
 from .plan_generation import journal_path
 from .servers import job_facts
 from .settings import ClientSettings, ModelProfile, stable_hash
-from .tables import GENERATIONS_SCHEMA, TableWriter, iter_batches, iter_rows, read_provenance
+from .tables import iter_batches, iter_rows, read_provenance
 from .workflow import server_gpus
 
 log = logging.getLogger(__name__)
@@ -85,9 +84,9 @@ def pilot_generate(
     def prompt_rows() -> Iterator[dict]:
         return (r for r in iter_rows(prompts, columns=ASSEMBLE_COLUMNS) if (r["id"], int(r["sample_index"])) in keys)
 
-    with (
-        ShardLock(pilot_journal_path(cache_dir, category)),
-        TableWriter(pilot_generations, GENERATIONS_SCHEMA) as writer,
+    with sending_job(pilot_journal_path(cache_dir, category), pilot_server_log, pilot_generations) as (
+        attempt_server_log,
+        writer,
     ):
         journal = pilot_journal(cache_dir, category)
         provenance = generate_category(
@@ -99,7 +98,7 @@ def pilot_generate(
             budget=budget,
             client_settings=ClientSettings.from_config(client),
             journal=journal,
-            server_log=pilot_server_log,
+            server_log=attempt_server_log,
             max_failed_share=1.0,  # a pilot reports its failures; it does not stop on them
             category=f"{category} (pilot)",
             writer=writer,

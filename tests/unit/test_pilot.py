@@ -2,6 +2,7 @@
 full run then meets (in-process, against the scripted engine with a latency)."""
 
 import json
+import logging
 import math
 
 import pytest
@@ -56,7 +57,10 @@ def test_the_interval_follows_the_spread_and_vanishes_for_a_census():
     assert project(sample, 4)["output_tokens"] == (100, 0.0)  # the sample is the category
 
 
-def test_the_projection_meets_the_full_run_and_the_pilot_is_not_paid_twice(make_prompts, qwen3_tokenizer_dir, tmp_path):
+def test_the_projection_meets_the_full_run_and_the_pilot_is_not_paid_twice(
+    make_prompts, qwen3_tokenizer_dir, tmp_path, caplog
+):
+    caplog.set_level(logging.INFO)  # as a job's logging is set up
     prompts, model = make_prompts(talks(240), max_new_tokens=BUDGET["max_new_tokens"], turns="all")
     record = tmp_path / "record.jsonl"
     backend = ScriptedBackend(str(qwen3_tokenizer_dir))
@@ -95,6 +99,9 @@ def test_the_projection_meets_the_full_run_and_the_pilot_is_not_paid_twice(make_
             **{k: v for k, v in common.items() if k != "client"},
         )
     assert run["sampled"] == 30 and run["usable_conversations"] == 240 and run["client"]["requests"] > 30
+    # Like a generate job, the pilot keeps its attempt's own logs beside its declared one.
+    [pilot_attempt] = [p for p in (tmp_path / "attempts").iterdir() if p.name.startswith("pilot.")]
+    assert "attempt on" in pilot_attempt.read_text() and "(pilot) plan" in pilot_attempt.read_text()
     # The pilot's answers are in the cache: the full run sends every other turn, and none of the pilot's.
     full_requests = [parse_rid(e["rid"])[0] for e in served(record)][len(pilot_requests) :]
     assert not set(full_requests) & set(pilot_requests)
