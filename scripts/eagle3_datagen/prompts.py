@@ -36,6 +36,11 @@ SHAREGPT_ROLES = {
 SHAREGPT_STANDARD = {"system", "human", "gpt", "tool"}
 
 
+def without_source(reason: str) -> str:
+    """A row's reason without the file and line it begins with ("f.jsonl:12: field 'id': ...")."""
+    return re.sub(r"^\S+?:(row )?\d+: ", "", reason)
+
+
 @dataclass
 class ReadOptions:
     """How to read one category's prompt file (per-category columns of the sheet)."""

@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow.compute as pc
 
 from .figures import plot_lengths, plot_turns
+from .prompts import without_source
 from .tables import DEFAULT_BATCHING, Batching, iter_record_batches, read_provenance
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ ENDINGS = (
 )
 
 
-def reason_kind(status: str, reason: str) -> str:
+def reason_kind(reason: str) -> str:
     """A row's reason without its ids and numbers (rows per kind in the turns table)."""
     if not reason:
         return ""
@@ -59,7 +60,7 @@ def reason_kind(status: str, reason: str) -> str:
         for needle, kind in ENDINGS:
             if needle in reason:
                 return f"conversation ended: {kind}"
-    return re.sub(r"\d+", "N", re.sub(r"^\S+?:(row )?\d+: ", "", reason))[:100]
+    return re.sub(r"\d+", "N", without_source(reason))[:100]
 
 
 def category_summary(
@@ -93,7 +94,7 @@ def category_summary(
             if turns is not None:
                 final = "filtered" if status == "ok" and key in filtered else status
                 why = filtered.get(key, "") if final == "filtered" else batch["error"][i] or ""
-                cell = turns.setdefault((int(batch["turn"][i]), final, reason_kind(final, why)), [0, 0])
+                cell = turns.setdefault((int(batch["turn"][i]), final, reason_kind(why)), [0, 0])
                 cell[0] += 1
                 cell[1] += n_output
             if status != "ok":

@@ -7,13 +7,12 @@ generation never load the tokenizer.
 
 import json
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from .prompts import PromptRow, ReadOptions, iter_prompts
+from .prompts import PromptRow, ReadOptions, iter_prompts, without_source
 from .settings import Budget, ModelProfile, stable_hash
 from .tables import PROMPTS_SCHEMA, Batching, TableWriter
 from .templating import CONTROL_TOKEN_POLICY, ChatTokenizer, load_tokenizer, output_budget, token_facts
@@ -169,7 +168,7 @@ def normalization_counts(rows: list[PromptRow]) -> dict:
 
 def reason_kind(reason: str) -> str:
     """A skip reason without its file and line ("f.jsonl:12: field 'id': ...")."""
-    return re.sub(r"^\S+?:(row )?\d+: ", "", reason)[:120]
+    return without_source(reason)[:120]
 
 
 def build_prompt_rows(
