@@ -19,13 +19,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import aiohttp
+import orjson
 
 from .journal import Journal
+from .load import Concurrency, Load, Timeline, parse_loads
 from .settings import ClientSettings, stable_hash
 
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+LOAD_TIMEOUT_S = 5.0
 
 
 class FinalError(Exception):
@@ -119,14 +122,50 @@ def error_text(status: int, body: str) -> str:
     return f"HTTP {status}: {message}"
 
 
-def parse_response(data, req: Request, vocab_size: int) -> dict:
-    """Validate one /generate answer and turn it into result fields; a bad answer is retryable."""
+# The answer's output ids as SGLang serializes them (orjson: no spaces). Inside a JSON string every
+# quote is escaped, so this key can only be the top-level one, never a piece of `text`.
+_IDS_KEY = b'"output_ids":['
+_PLAIN_IDS = b"0123456789,"
+
+
+def ids_are_plain(raw: bytes | None, n: int) -> bool | None:
+    """Whether the answer's `output_ids` are written as non-negative integers only (digits and commas:
+    no sign, fraction, exponent, string, boolean or null), read from the answer's bytes in one pass of
+    C code instead of a type check per id; None when `raw` does not hold the ids in SGLang's compact
+    form (then the ids are checked one by one)."""
+    if raw is None:
+        return None
+    start = raw.find(_IDS_KEY)
+    if start < 0:
+        return None
+    start += len(_IDS_KEY)
+    end = raw.find(b"]", start)
+    if end < 0:
+        return None
+    region = raw[start:end]
+    if region.count(b",") != max(n - 1, 0):
+        return None  # not the list orjson parsed (a nested or repeated key): check one by one
+    return not region.translate(None, _PLAIN_IDS)
+
+
+def parse_response(data, req: Request, vocab_size: int, raw: bytes | None = None) -> dict:
+    """Validate one /generate answer and turn it into result fields; a bad answer is retryable.
+
+    `raw`, the answer's bytes, lets the ids be checked without Python work per id (`ids_are_plain`)."""
     if not isinstance(data, dict):
         raise RetryableError(f"malformed response: expected an object, got {type(data).__name__}")
     output_ids = data.get("output_ids")
     meta = data.get("meta_info")
-    if not isinstance(output_ids, list) or (output_ids and set(map(type, output_ids)) != {int}):
+    if not isinstance(output_ids, list):
         raise RetryableError("malformed response: 'output_ids' missing or not a list of integers")
+    plain = ids_are_plain(raw, len(output_ids))
+    if plain is None:  # not SGLang's compact bytes: one check per id
+        plain = set(map(type, output_ids)) <= {int} and (not output_ids or min(output_ids) >= 0)
+    if not plain:
+        if not all(type(t) is int for t in output_ids):
+            raise RetryableError("malformed response: 'output_ids' missing or not a list of integers")
+        bad = [t for t in output_ids if t < 0]
+        raise RetryableError(f"malformed response: output ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
     if not isinstance(meta, dict) or not isinstance(meta.get("finish_reason"), dict):
         raise RetryableError("malformed response: 'meta_info.finish_reason' missing")
     finish = meta["finish_reason"]
@@ -137,7 +176,7 @@ def parse_response(data, req: Request, vocab_size: int) -> dict:
         raise RetryableError(f"malformed response: unknown finish_reason type {finish_type!r}")
     if not output_ids:
         raise RetryableError("malformed response: no output tokens")
-    if min(output_ids) < 0 or max(output_ids) >= vocab_size:
+    if max(output_ids) >= vocab_size:
         bad = [t for t in output_ids if not 0 <= t < vocab_size]
         raise RetryableError(f"malformed response: output ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
     if len(output_ids) > req.max_new_tokens:
@@ -152,6 +191,10 @@ def parse_response(data, req: Request, vocab_size: int) -> dict:
         "completion_tokens": int(meta.get("completion_tokens", len(output_ids))),
         "cached_tokens": int(meta.get("cached_tokens", 0) or 0),
         "e2e_latency": float(meta.get("e2e_latency", 0.0) or 0.0),
+        # Load facts (SGLang 0.5.23 tokenizer_manager._handle_batch_output): how often the scheduler
+        # retracted the request to free KV cache, and (with --enable-metrics) its seconds queued.
+        "num_retractions": int(meta.get("num_retractions", 0) or 0),
+        "queue_time": float(meta.get("queue_time", 0.0) or 0.0),
     }
 
 
@@ -162,6 +205,7 @@ class Progress:
         self.total, self.interval_s, self.label = total, interval_s, label
         self.done = self.failed = self.retries = self.tokens = 0
         self.started = self._last = time.monotonic()
+        self.note: Callable[[], str] | None = None  # more to say on each line
 
     def add(self, *, tokens: int = 0, failed: bool = False) -> None:
         self.done += 1
@@ -181,7 +225,7 @@ class Progress:
         remaining = self.total - self.done
         eta = remaining / rps if rps > 0 else float("inf")
         log.info(
-            "%s: %d/%d rows (%d failed, %d retries) | %.2f req/s | %.0f tok/s | ETA %s",
+            "%s: %d/%d rows (%d failed, %d retries) | %.2f req/s | %.0f tok/s | ETA %s%s",
             self.label,
             self.done,
             self.total,
@@ -190,7 +234,51 @@ class Progress:
             rps,
             tps,
             "-" if eta == float("inf") else f"{eta:.0f} s",
+            self.note() if self.note else "",
         )
+
+
+class Slots:
+    """A semaphore whose size may change while it is in use: at most `limit` holders.
+
+    A lower limit takes effect as slots are given back (no request in flight is cut short); a
+    higher one wakes waiters at once. A slot is handed straight to the first waiter, as
+    asyncio.Semaphore does, so a freed slot costs no extra turn of the event loop."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self._waiters: deque[asyncio.Future] = deque()
+
+    def set_limit(self, limit: int) -> None:
+        self.limit = limit
+        self._wake()
+
+    async def acquire(self) -> None:
+        if self.held < self.limit and not self._waiters:
+            self.held += 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut  # the slot is counted as held when the future is resolved
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # handed a slot, then cancelled before taking it
+            elif fut in self._waiters:
+                self._waiters.remove(fut)
+            raise
+
+    def release(self) -> None:
+        self.held -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.held < self.limit:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.held += 1
+                fut.set_result(None)
 
 
 class GenerateClient:
@@ -210,7 +298,8 @@ class GenerateClient:
         self.urls = [u.rstrip("/") for u in urls]
         self.template = template
         self.settings = settings
-        self.headers = headers or {}
+        # Bodies go out as orjson bytes: aiohttp's json= would serialize them with the standard library.
+        self.headers = {"Content-Type": "application/json", **(headers or {})}
         self.label = label
         self.rng = rng or random.Random()
         # For a server this job launched: a callable telling whether its process still runs.
@@ -218,6 +307,9 @@ class GenerateClient:
         self.run_nonce = secrets.token_hex(4)
         self._next_url = 0
         self.in_flight = 0
+        self._load_paths: dict[str, str | None] = {}  # the load endpoint each server answers, None: none
+        self.timeline = Timeline()
+        self.control: Concurrency | None = None
 
     def _url(self) -> str:
         url = self.urls[self._next_url % len(self.urls)]
@@ -228,7 +320,7 @@ class GenerateClient:
         base = min(self.settings.backoff_max_s, self.settings.backoff_initial_s * 2 ** (attempt - 1))
         return base * self.rng.uniform(0.5, 1.5)
 
-    async def _post(self, session: aiohttp.ClientSession, req: Request, attempt: int) -> tuple[int, str]:
+    async def _post(self, session: aiohttp.ClientSession, req: Request, attempt: int) -> tuple[int, bytes]:
         body = {
             "input_ids": req.prompt_ids,
             "sampling_params": self.template.sampling_params(req),
@@ -240,9 +332,9 @@ class GenerateClient:
         self.in_flight += 1
         try:
             async with session.post(
-                f"{self._url()}/generate", json=body, timeout=timeout, headers=self.headers
+                f"{self._url()}/generate", data=orjson.dumps(body), timeout=timeout, headers=self.headers
             ) as resp:
-                return resp.status, await resp.text()
+                return resp.status, await resp.read()
         except TimeoutError:
             raise RetryableError(f"timed out after {timeout.total:.0f} s") from None
         except aiohttp.ClientError as exc:
@@ -250,17 +342,17 @@ class GenerateClient:
         finally:
             self.in_flight -= 1
 
-    def _interpret(self, status: int, text: str, req: Request) -> dict:
+    def _interpret(self, status: int, raw: bytes, req: Request) -> dict:
         if status != 200:
-            message = error_text(status, text)
+            message = error_text(status, raw.decode("utf-8", errors="replace"))
             if status in RETRYABLE_STATUS:
                 raise RetryableError(message)
             raise FinalError(message)
         try:
-            data = json.loads(text)
-        except ValueError:
-            raise RetryableError(f"malformed response: invalid JSON: {text[:200]!r}") from None
-        return parse_response(data, req, self.template.vocab_size)
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise RetryableError(f"malformed response: invalid JSON: {raw[:200]!r}") from None
+        return parse_response(data, req, self.template.vocab_size, raw)
 
     async def generate_one(
         self,
@@ -291,7 +383,7 @@ class GenerateClient:
                     held = True
                 try:
                     try:
-                        status, text = await self._post(session, req, attempt)
+                        status, raw = await self._post(session, req, attempt)
                     finally:
                         release()
                     if slots is not None:
@@ -300,7 +392,7 @@ class GenerateClient:
                         # up to its send. Only then is this answer parsed and journalled.
                         await asyncio.sleep(0)
                         await asyncio.sleep(0)
-                    result = self._interpret(status, text, req)
+                    result = self._interpret(status, raw, req)
                     return {**result, "status": "ok", "error": "", "attempts": attempt}
                 except FinalError as exc:
                     return {"status": "failed", "error": str(exc), "attempts": attempt}
@@ -322,6 +414,74 @@ class GenerateClient:
             "error": f"gave up after {self.settings.max_retries + 1} attempts: {last_error}",
             "attempts": self.settings.max_retries + 1,
         }
+
+    def load_facts(self) -> dict:
+        """What the last run saw of the servers' load, for the provenance and the report: the
+        concurrency setting, the limits it ran at, the retractions, and the timeline."""
+        limits = self.timeline.as_columns()["limit"]
+        return {
+            "concurrency": self.settings.concurrency,
+            "max_concurrency": self.settings.cap,
+            "limit_mean": round(sum(limits) / len(limits), 1) if limits else None,
+            "limit_max": max(limits) if limits else None,
+            "retractions": self.control.retractions if self.control else 0,
+            "limit_cuts": self.control.cuts if self.control else 0,
+            "load_endpoint": sorted({p for p in self._load_paths.values() if p}),
+            "timeline": self.timeline.as_columns(),
+        }
+
+    async def read_load(self, session: aiohttp.ClientSession) -> Load | None:
+        """The servers' load, summed over them: `/v1/loads`, else the older `/get_load` (the first
+        that answers is kept per server); None when a server has neither or does not answer."""
+        total = None
+        for url in self.urls:
+            paths = [self._load_paths[url]] if url in self._load_paths else ["/v1/loads", "/get_load"]
+            load = None
+            for path in paths:
+                try:
+                    async with session.get(
+                        f"{url}{path}", headers=self.headers, timeout=aiohttp.ClientTimeout(total=LOAD_TIMEOUT_S)
+                    ) as resp:
+                        if resp.status != 200:
+                            continue
+                        load = parse_loads(orjson.loads(await resp.read()))
+                        self._load_paths[url] = path
+                        break
+                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                    log.debug("%s%s: %s", url, path, exc)
+            if load is None:
+                if url not in self._load_paths:
+                    self._load_paths[url] = None  # neither endpoint: stop asking
+                return None
+            total = load if total is None else total + load
+        return total
+
+    async def _follow_load(self, session: aiohttp.ClientSession, control: Concurrency, slots: Slots) -> None:
+        """Every `load_poll_s`: read the servers' load, move the limit (auto), note the timeline.
+
+        Without a load endpoint, auto can still follow retractions: it reads the load as a server
+        with room (nothing waiting), grows up to the cap and backs off on every retraction."""
+        started = time.monotonic()
+        warned = False
+        while True:
+            load = None
+            if any(self._load_paths.get(url, "") is not None for url in self.urls):
+                load = await self.read_load(session)
+            if load is None and control.auto and not warned:
+                warned = True
+                log.warning(
+                    "%s: no load endpoint (/v1/loads, /get_load) answers; concurrency auto follows only "
+                    "retractions, up to max_concurrency %d",
+                    self.label,
+                    control.cap,
+                )
+            seen = load if load is not None else Load(running=slots.held, waiting=0)
+            limit = control.observe(seen, slots.held)
+            if limit != slots.limit:
+                log.debug("%s: concurrency %d -> %d (%s)", self.label, slots.limit, limit, seen)
+                slots.set_limit(limit)
+            self.timeline.add(time.monotonic() - started, self.in_flight, slots.limit, load)
+            await asyncio.sleep(self.settings.load_poll_s)
 
     async def run(
         self,
@@ -348,10 +508,16 @@ class GenerateClient:
             requests = list(requests)
             total = len(requests)
         progress = Progress(total, self.settings.progress_interval_s, self.label)
-        slots = asyncio.Semaphore(self.settings.concurrency)
+        control = self.control = Concurrency(
+            self.settings.cap, auto=self.settings.auto, queue_target=self.settings.queue_target
+        )
+        slots = Slots(control.limit)
+        self.timeline = Timeline()
+        if control.auto:
+            progress.note = lambda: f" | concurrency {slots.limit} (auto), {control.retractions} retractions"
         # Connections beyond the slots: a request that has given its slot back may still be
         # closing its connection while the next one opens.
-        connector = aiohttp.TCPConnector(limit=2 * self.settings.concurrency)
+        connector = aiohttp.TCPConnector(limit=2 * self.settings.cap)
         errors: list[BaseException] = []
         syncing = False
         ready: deque[Request] = deque()  # follow-up requests, sent first
@@ -362,6 +528,7 @@ class GenerateClient:
         async def handle(session, req):
             nonlocal syncing
             result = await self.generate_one(session, req, progress, slots)
+            control.retracted(result.get("num_retractions", 0))
             if keep_results:
                 results[req.key] = result
             if journal is not None:
@@ -407,6 +574,7 @@ class GenerateClient:
         tasks: set[asyncio.Task] = set()
         source = iter(requests)
         async with aiohttp.ClientSession(connector=connector) as session:
+            poller = asyncio.create_task(self._follow_load(session, control, slots))
             try:
                 while True:
                     await slots.acquire()
@@ -420,8 +588,10 @@ class GenerateClient:
                 while tasks:
                     await asyncio.wait(set(tasks))
             finally:
+                poller.cancel()
                 for task in list(tasks):
                     task.cancel()
+                await asyncio.gather(poller, return_exceptions=True)
                 if journal is not None:
                     journal.sync()
                 if pool is not None:

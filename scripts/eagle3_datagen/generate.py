@@ -98,6 +98,8 @@ def assemble(
                 "completion_tokens": r.get("completion_tokens", 0),
                 "cached_tokens": r.get("cached_tokens", 0),
                 "e2e_latency": r.get("e2e_latency", 0.0),
+                "num_retractions": r.get("num_retractions", 0),
+                "queue_time": r.get("queue_time", 0.0),
                 "attempts": r.get("attempts", 0),
                 "status": r["status"],
                 "error": r.get("error", ""),
@@ -226,7 +228,7 @@ def generate_category(
                     "requests": client.requests_done,
                     "output_tokens": client.tokens_done,
                     "elapsed_s": round(client.elapsed_s, 3),
-                    "concurrency": client_settings.concurrency,
+                    **client.load_facts(),
                 }
         failures = FailureCount()
         writer.write(failures.count(assemble(prompt_rows(), builder, journalled_result(journal))))

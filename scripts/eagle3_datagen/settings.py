@@ -105,7 +105,10 @@ class Budget:
 class ClientSettings:
     """The generate client's settings (config key `client`; defaults in the schema)."""
 
-    concurrency: int
+    concurrency: int | str  # a number, or "auto": follow the server's load, up to max_concurrency
+    max_concurrency: int
+    queue_target: int
+    load_poll_s: float
     max_retries: int
     backoff_initial_s: float
     backoff_max_s: float
@@ -116,6 +119,15 @@ class ClientSettings:
     @classmethod
     def from_config(cls, client: dict | None = None, **overrides: Any) -> "ClientSettings":
         return cls(**defaults("client", **{**(client or {}), **overrides}))
+
+    @property
+    def auto(self) -> bool:
+        return self.concurrency == "auto"
+
+    @property
+    def cap(self) -> int:
+        """The most requests ever in flight: the fixed number, or auto's ceiling."""
+        return int(self.max_concurrency) if self.auto else int(self.concurrency)
 
     def request_timeout(self, max_new_tokens: int) -> float:
         """A long answer is slow, not stuck: the timeout grows with the row's token budget."""

@@ -57,6 +57,10 @@ GENERATIONS_SCHEMA = pa.schema(
         ("completion_tokens", pa.int32()),
         ("cached_tokens", pa.int32()),
         ("e2e_latency", pa.float64()),
+        # The server's load as the answer reports it: KV-cache retractions, and seconds queued
+        # (SGLang reports queue_time only with --enable-metrics: 0 without).
+        ("num_retractions", pa.int32()),
+        ("queue_time", pa.float64()),
         ("sampling", pa.string()),
         ("seed", pa.int64()),
         ("max_new_tokens", pa.int32()),

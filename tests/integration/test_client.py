@@ -5,6 +5,7 @@ import json
 import random
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -16,6 +17,7 @@ from eagle3_datagen.client import (
     RetryableError,
     check_server_info,
     error_text,
+    ids_are_plain,
     parse_response,
 )
 from eagle3_datagen.engine.backends import ScriptedBackend
@@ -211,8 +213,44 @@ def test_error_text_reads_every_sglang_error_shape(body, expected):
 )
 def test_malformed_answers_are_never_data(data, problem):
     req = Request("r", 0, [1], max_new_tokens=10, seed=1)
-    with pytest.raises(RetryableError, match=problem):
-        parse_response(data, req, vocab_size=100)
+    # Checked from the parsed answer alone, from its bytes as SGLang writes them, and from bytes in
+    # another layout (spaces, as a proxy might write them), where the ids are checked one by one.
+    for raw in (None, orjson.dumps(data), json.dumps(data, indent=1).encode()):
+        with pytest.raises(RetryableError, match=problem):
+            parse_response(data, req, vocab_size=100, raw=raw)
+
+
+@pytest.mark.parametrize(
+    "ids, problem",
+    [
+        ([1, 2.0], "not a list of integers"),
+        ([1, True], "not a list of integers"),
+        ([1, None], "not a list of integers"),
+        ([1, [2]], "not a list of integers"),
+        ([1, -3], "outside the vocabulary"),
+        ([1, 1e3], "not a list of integers"),
+    ],
+)
+def test_ids_that_are_not_token_ids_fail_from_the_bytes_and_from_the_values(ids, problem):
+    data = {"text": 'a "output_ids":[1] b', "output_ids": ids, "meta_info": {"finish_reason": {"type": "stop"}}}
+    req = Request("r", 0, [1], max_new_tokens=10, seed=1)
+    for raw in (None, orjson.dumps(data), json.dumps(data).encode()):
+        with pytest.raises(RetryableError, match=problem):
+            parse_response(orjson.loads(orjson.dumps(data)) if raw is not None else data, req, 100, raw=raw)
+
+
+def test_plain_ids_are_read_from_the_bytes_without_a_check_per_id():
+    data = {
+        "text": 'x "output_ids":[9,9] y',
+        "output_ids": [0, 5, 99],
+        "meta_info": {"finish_reason": {"type": "stop"}},
+    }
+    raw = orjson.dumps(data)
+    assert ids_are_plain(raw, 3) is True
+    assert ids_are_plain(json.dumps(data).encode(), 3) is None  # spaces: checked one by one
+    assert ids_are_plain(raw, 4) is None  # not the list that was parsed
+    result = parse_response(orjson.loads(raw), Request("r", 0, [1], max_new_tokens=10, seed=1), 100, raw=raw)
+    assert result["output_ids"] == [0, 5, 99] and result["num_retractions"] == 0
 
 
 def test_server_checks_refuse_auto_truncation_and_warn_on_parsers():

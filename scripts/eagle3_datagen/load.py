@@ -1,0 +1,163 @@
+"""The server's load, read from SGLang's load endpoint, and `client.concurrency: auto`, which follows it.
+
+How many requests to keep in flight depends on the server: too few and its batch runs below what it
+could hold (the GPU idles); too many and its scheduler admits more than its KV cache holds, then
+retracts running requests (`num_retractions` in an answer's `meta_info`), which must be prefilled
+again. The right number moves with prompt and answer lengths, across categories and over a run.
+
+`Concurrency` reads the server's own view at every poll, summed over its data-parallel ranks and
+over the servers of a job: requests running, requests waiting in its queue, KV tokens in use. It
+keeps the waiting queue at a small target (`client.queue_target` per rank): then a request finishing
+on the GPU always has a successor already queued, yet the scheduler never holds a deep queue to
+over-admit from. Retractions cut the limit at once. Start-up doubles the limit while the queue is
+empty (slow start); after the first sign of a full server, the limit moves by small steps.
+
+The endpoints (confirmed in SGLang's source):
+- `GET /v1/loads` (0.5.8 and later; 0.5.23 `srt/entrypoints/v1_loads.py`): {"loads": [one object per
+  DP rank with num_running_reqs, num_waiting_reqs, num_used_tokens, max_total_num_tokens,
+  max_running_requests, ...], "timestamp", "version", ...}.
+- `GET /get_load` (deprecated in 0.5.8, gone in 0.5.23): [{dp_rank, num_reqs, num_waiting_reqs,
+  num_tokens, ts_tic}, ...], where num_reqs counts running and waiting requests together.
+"""
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Load:
+    """One reading of the servers' load, summed over data-parallel ranks (and servers)."""
+
+    running: int
+    waiting: int
+    used_tokens: int = 0
+    total_tokens: int = 0
+    max_running: int = 0
+    ranks: int = 1
+
+    @property
+    def token_usage(self) -> float:
+        return self.used_tokens / self.total_tokens if self.total_tokens else 0.0
+
+    def __add__(self, other: "Load") -> "Load":
+        return Load(
+            self.running + other.running,
+            self.waiting + other.waiting,
+            self.used_tokens + other.used_tokens,
+            self.total_tokens + other.total_tokens,
+            self.max_running + other.max_running,
+            self.ranks + other.ranks,
+        )
+
+
+def parse_loads(data) -> Load:
+    """A `/v1/loads` object or a `/get_load` list as one `Load`; ValueError for anything else."""
+    if isinstance(data, dict) and isinstance(data.get("loads"), list) and data["loads"]:
+        ranks = data["loads"]
+        try:
+            return Load(
+                running=sum(int(r["num_running_reqs"]) for r in ranks),
+                waiting=sum(int(r["num_waiting_reqs"]) for r in ranks),
+                used_tokens=sum(int(r.get("num_used_tokens", 0)) for r in ranks),
+                total_tokens=sum(int(r.get("max_total_num_tokens", 0)) for r in ranks),
+                max_running=sum(int(r.get("max_running_requests", 0)) for r in ranks),
+                ranks=len(ranks),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a /v1/loads answer: {exc!r}") from None
+    if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
+        try:
+            waiting = sum(int(r["num_waiting_reqs"]) for r in data)
+            return Load(
+                running=sum(int(r["num_reqs"]) for r in data) - waiting,
+                waiting=waiting,
+                used_tokens=sum(int(r.get("num_tokens", 0)) for r in data),
+                ranks=len(data),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a /get_load answer: {exc!r}") from None
+    raise ValueError(f"not a load answer: {str(data)[:200]}")
+
+
+class Concurrency:
+    """The number of requests the client may have in flight: fixed, or following the servers' load.
+
+    Pure logic, no clock and no I/O: the client calls `observe` at every poll of the load endpoint
+    and `retracted` for every answer that reports retractions; `limit` is the number to keep in
+    flight. Fixed (`auto=False`), the limit never moves.
+    """
+
+    # Multiplicative cut on retractions, and on a queue far over its target.
+    BACKOFF = 0.8
+    # After slow start, each poll with the queue under target and every slot in use raises the
+    # limit by this share of it (at least 1).
+    STEP = 0.05
+
+    def __init__(self, cap: int, *, auto: bool = False, queue_target: int = 2, start: int | None = None):
+        if cap < 1:
+            raise ValueError(f"a concurrency cap must be at least 1, not {cap}")
+        self.cap = cap
+        self.auto = auto
+        self.queue_target = max(0, queue_target)
+        self.limit = min(cap, start or 8) if auto else cap
+        self.slow_start = auto
+        self._retractions = 0
+        self.retractions = 0  # all seen
+        self.cuts = 0
+
+    def retracted(self, n: int) -> None:
+        """An answer reported `n` retractions (meta_info.num_retractions)."""
+        if n > 0:
+            self._retractions += n
+            self.retractions += n
+
+    def observe(self, load: Load, in_flight: int) -> int:
+        """A reading of the servers' load, with the client's requests in flight at that moment; returns the limit."""
+        if not self.auto:
+            return self.limit
+        target = self.queue_target * max(load.ranks, 1)
+        retractions, self._retractions = self._retractions, 0
+        if retractions:
+            # The scheduler ran out of KV cache: what it ran was too much. Cut below what was running.
+            self.slow_start = False
+            self.cuts += 1
+            base = min(self.limit, max(load.running, 1) + target)
+            self.limit = max(1, math.floor(base * self.BACKOFF))
+        elif load.waiting > target:
+            # The server runs all it can: hold the queue at its target.
+            self.slow_start = False
+            self.limit = max(1, min(self.limit, in_flight - (load.waiting - target)))
+        elif in_flight >= self.limit and load.waiting <= target:
+            # Every slot in use, yet the server has room: it could run more.
+            grow = self.limit if self.slow_start else max(1, math.floor(self.limit * self.STEP))
+            self.limit = min(self.cap, self.limit + grow)
+        return self.limit
+
+
+@dataclass
+class Timeline:
+    """Requests in flight over a run, with the limit and the servers' running and waiting counts, a
+    point per poll; thinned to every other point when it reaches `max_points`, so it stays small."""
+
+    max_points: int = 2000
+
+    def __post_init__(self):
+        self.points: list[tuple] = []
+        self.every = 1
+        self._seen = 0
+
+    def add(self, t: float, in_flight: int, limit: int, load: Load | None) -> None:
+        self._seen += 1
+        if (self._seen - 1) % self.every:
+            return
+        running = waiting = None if load is None else 0
+        if load is not None:
+            running, waiting = load.running, load.waiting
+        self.points.append((round(t, 3), in_flight, limit, running, waiting))
+        if len(self.points) >= self.max_points:
+            self.points = self.points[::2]
+            self.every *= 2
+
+    def as_columns(self) -> dict:
+        names = ("t", "in_flight", "limit", "running", "waiting")
+        return {name: [p[i] for p in self.points] for i, name in enumerate(names)}
