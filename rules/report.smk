@@ -70,3 +70,31 @@ rule plot_checks:
         batch=get_param("batch"),
     script:
         "../scripts/plot_checks.py"
+
+
+rule plot_load:
+    input:
+        generations=expand(P["generations"], category=CATEGORIES),
+    output:
+        load_summary=report(
+            P["load_summary"],
+            caption="../report/load.rst",
+            category="Summary",
+        ),
+        load_png=report(
+            P["load_png"],
+            caption="../report/load.rst",
+            category="Figures",
+        ),
+    log:
+        "logs/plot_load.log",
+    benchmark:
+        "benchmarks/plot_load.tsv"
+    localrule: True
+    conda:
+        "../envs/pipeline.yaml"
+    params:
+        categories=CATEGORIES,
+        batch=get_param("batch"),
+    script:
+        "../scripts/plot_load.py"

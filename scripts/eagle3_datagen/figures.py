@@ -208,3 +208,44 @@ def plot_checks(
     plot_verdicts(by_category, verdicts_png)
     plot_token_share(by_category, token_share_png)
     plot_finish_reasons(finishes, finish_reasons_png)
+
+
+def plot_load(frame, timelines: dict[str, list], path: Path) -> None:
+    """How the server carried each category (`frame`: the load table; `timelines`: per category, its
+    generate jobs' (label, timeline columns)): retractions per 1,000 answers, prefix-cache hit
+    share, seconds queued (mean and 90th percentile, where the server reports it), and the
+    requests in flight over each job's run, with the concurrency limit and the server's running
+    and waiting requests."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    categories = list(frame["category"]) if len(frame) else []
+    x = list(range(len(categories)))
+    ax = axes[0][0]
+    ax.bar(x, list(frame["retractions_per_1000"]) if categories else [])
+    ax.set_title("KV-cache retractions per 1,000 answers")
+    ax = axes[0][1]
+    ax.bar(x, [100 * v for v in frame["cache_hit_share"]] if categories else [])
+    ax.set_title("Prefix-cache hits (% of prompt tokens)")
+    ax = axes[1][0]
+    means = [v if v == v and v is not None else 0.0 for v in frame["queue_time_mean_s"]] if categories else []
+    p90 = [v if v == v and v is not None else 0.0 for v in frame["queue_time_p90_s"]] if categories else []
+    ax.bar([i - 0.2 for i in x], means, 0.4, label="mean")
+    ax.bar([i + 0.2 for i in x], p90, 0.4, label="90th percentile")
+    ax.set_title("Seconds queued in the server" + ("" if any(means) else " (not reported: --enable-metrics)"))
+    ax.legend(fontsize=8)
+    for ax in (axes[0][0], axes[0][1], axes[1][0]):
+        ax.set_xticks(x, categories, rotation=30, ha="right")
+    ax = axes[1][1]
+    for category in categories:
+        for label, cols in timelines.get(category, []):
+            (line,) = ax.plot(cols["t"], cols["in_flight"], label=f"{label} in flight")
+            ax.plot(cols["t"], cols["limit"], linestyle="--", color=line.get_color(), alpha=0.6)
+            running = [v if v is not None else float("nan") for v in cols.get("running", [])]
+            if running and any(v == v for v in running):
+                ax.plot(cols["t"], running, linestyle=":", color=line.get_color(), alpha=0.8)
+    ax.set_xlabel("seconds since the job's client started")
+    ax.set_ylabel("requests")
+    ax.set_title("In flight (solid), limit (dashed), running on the server (dotted)")
+    if ax.lines:
+        ax.legend(fontsize=7)
+    _save(fig, path)

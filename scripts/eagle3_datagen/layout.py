@@ -44,6 +44,9 @@ PATHS = {
     "verdicts_png": "results/plots/verdicts.png",
     "token_share_png": "results/plots/token_share.png",
     "finish_reasons_png": "results/plots/finish_reasons.png",
+    # plot_load
+    "load_summary": "results/load.tsv",
+    "load_png": "results/plots/load.png",
     # build_demo_model
     "demo_weights": "resources/demo_model/model.safetensors",
     "demo_tokenizer": "resources/demo_model/tokenizer_config.json",
