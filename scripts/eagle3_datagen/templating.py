@@ -28,9 +28,11 @@ _MARK_RE = re.compile(f"{_MARK_OPEN}(\\d+){_MARK_CLOSE}")
 def load_tokenizer(profile: ModelProfile):
     """The profile's Hugging Face tokenizer, loaded offline.
 
-    The class named in tokenizer_config.json is loaded directly when transformers exports it, which is
-    what AutoTokenizer resolves to as well, without AutoTokenizer's import of torch (seconds per job);
-    tokenizers that ship their own code, or name no class, go through AutoTokenizer.
+    The class named in tokenizer_config.json is loaded directly when transformers exports it, and a
+    tokenizer's own code (auto_map, with trust_remote_code) through transformers' dynamic-module
+    loader: each is what AutoTokenizer resolves to as well, without AutoTokenizer's import of torch
+    (seconds per job, and on a generate job's path). A tokenizer that names no class goes through
+    AutoTokenizer.
     """
     path = Path(profile.tokenizer)
     if not path.exists():
@@ -45,7 +47,16 @@ def load_tokenizer(profile: ModelProfile):
             f"model.tokenizer: {path} ships its own tokenizer code ({auto_map['AutoTokenizer']}); "
             "set model.trust_remote_code: true in the config if you trust it"
         )
-    cls = _exported_class(config.get("tokenizer_class")) if "AutoTokenizer" not in auto_map else None
+    if "AutoTokenizer" in auto_map:
+        # The tokenizer's own code (Kimi-K2.5's TikTokenTokenizer), resolved as AutoTokenizer does
+        # (its fast class where it names one, else the slow one), without AutoTokenizer's torch.
+        from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+        ref = auto_map["AutoTokenizer"]
+        if isinstance(ref, (list, tuple)):
+            ref = ref[1] if len(ref) > 1 and ref[1] else ref[0]
+        return get_class_from_dynamic_module(ref, str(path)).from_pretrained(str(path), trust_remote_code=True)
+    cls = _exported_class(config.get("tokenizer_class"))
     if cls is None:
         from transformers import AutoTokenizer
 

@@ -141,6 +141,32 @@ def test_the_fixture_has_the_real_format(kimi_tiktoken_dir, kimi):
     assert tok.encode("<|im_end|>") == [163586] and tok.encode("<|im_end|>", allow_special_tokens=False) != [163586]
 
 
+def test_it_loads_as_autotokenizer_does_without_importing_torch(kimi_tiktoken_dir, kimi):
+    """The tokenizer's own class, the same as AutoTokenizer's, and no torch on the way (a generate job
+    loads it to make a conversation's later turns while its requests are in flight)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    tok, _ = kimi
+    auto = AutoTokenizer.from_pretrained(str(kimi_tiktoken_dir), trust_remote_code=True)
+    assert type(tok).__name__ == type(auto).__name__ == "TikTokenTokenizer"
+    text = "Hello <|im_end|> 中文 🙂\n\n  tabs\t"
+    assert tok.encode(text) == auto.encode(text) and len(tok) == len(auto)
+    code = (
+        "import sys; from eagle3_datagen.templating import load_tokenizer; from eagle3_datagen.settings import "
+        f"ModelProfile; load_tokenizer(ModelProfile(name='k', tokenizer={str(kimi_tiktoken_dir)!r}, "
+        "context_length=8, trust_remote_code=True)); print('torch' in sys.modules)"
+    )
+    scripts = str(Path(__file__).resolve().parents[2] / "scripts")
+    env = {**os.environ, "PYTHONPATH": scripts}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "False"
+
+
 def test_it_loads_only_with_trust_remote_code(kimi_tiktoken_dir):
     with pytest.raises(ValueError, match="trust_remote_code"):
         load_tokenizer(ModelProfile(name="k", tokenizer=str(kimi_tiktoken_dir), context_length=8))
