@@ -3,6 +3,12 @@
 Serves SGLang's native HTTP API on CPU. Logs to stderr. Stops on SIGTERM/SIGINT, and by itself
 when its parent process dies (a watch on the parent, polled every second), so that no engine
 outlives the job that started it.
+
+Two modes of the scripted backend for load tests: `--canned` makes the engine far cheaper per
+request than any client (one answer, prepared once, for every request), and
+`--max-running-requests R --max-total-tokens K` puts a simulated GPU of that capacity behind it
+(`capacity.KVScheduler`, paced by `--step-ms`, `--step-ms-per-request`, `--step-us-per-kv-token`,
+`--prefill-us-per-token`).
 """
 
 import argparse
@@ -62,6 +68,45 @@ def build_parser() -> argparse.ArgumentParser:
         "--answer-tokens", type=_range, help="scripted: long answers, LO:HI reasoning tokens per request (uniform)"
     )
     p.add_argument("--token-delay-ms", type=float, default=0.0, help="pace of the scripted backend per token")
+    p.add_argument(
+        "--canned",
+        action="store_true",
+        help="scripted, speed mode: plan one answer (from the first request) and give it to every request, "
+        "cut by each request's max_new_tokens and stop rules; bodies are prepared bytes, so that a benchmark "
+        "measures its client, not this engine",
+    )
+    g = p.add_argument_group(
+        "capacity model (scripted backend)",
+        "A simulated GPU scheduler (SGLang 0.5.23's admission, KV budget, retraction and prefix cache, see "
+        "eagle3_datagen.engine.capacity), on when --max-running-requests and --max-total-tokens are both given. "
+        "A step takes BASE + X*batch ms + Y*kv_tokens us + Z*prefill_tokens us, slept in real time.",
+    )
+    g.add_argument("--max-running-requests", type=int, metavar="R", help="requests decoded at once (SGLang's flag)")
+    g.add_argument("--max-total-tokens", type=int, metavar="K", help="KV-cache pool in tokens (SGLang's flag)")
+    g.add_argument("--step-ms", type=float, default=2.0, metavar="BASE", help="fixed time of a step (default 2.0)")
+    g.add_argument("--step-ms-per-request", type=float, default=0.02, metavar="X",
+                   help="step time per request in the batch, ms (default 0.02)")  # fmt: skip
+    g.add_argument("--step-us-per-kv-token", type=float, default=0.0, metavar="Y",
+                   help="step time per KV token the batch holds, us (default 0)")  # fmt: skip
+    g.add_argument("--prefill-us-per-token", type=float, default=0.5, metavar="Z",
+                   help="prefill time per computed prompt token, us (default 0.5)")  # fmt: skip
+    g.add_argument(
+        "--max-prefill-tokens", type=int, default=16384, help="prompt tokens per prefill batch (SGLang's flag)"
+    )
+    g.add_argument(
+        "--schedule-conservativeness", type=float, default=1.0, help="scales new_token_ratio (SGLang's flag)"
+    )
+    g.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache (SGLang's flag)")
+    p.add_argument(
+        "--enable-metrics",
+        action="store_true",
+        help="as SGLang's flag: answers carry queue_time and the request's time stamps in meta_info",
+    )
+    p.add_argument(
+        "--sglang-version",
+        default=None,
+        help="the SGLang version to act as (default: the project's); before 0.5.23: 0.5.8's /get_load and /v1/loads",
+    )
     p.add_argument("--fail-startup", action="store_true", help="tests: exit with code 3 during start-up")
     p.add_argument("--never-healthy", action="store_true", help="tests: /health never answers 200")
     p.add_argument("--die-after", type=int, help="tests: exit abruptly after serving this many requests")
@@ -72,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
 async def serve(args: argparse.Namespace, parent: int) -> int:
     from aiohttp import web
 
+    from eagle3_datagen.engine import protocol
     from eagle3_datagen.engine.backends import ModelBackend, ScriptedBackend
+    from eagle3_datagen.engine.capacity import KVScheduler, StepModel
     from eagle3_datagen.engine.server import ENGINE_KEY, Faults, create_app
 
     if args.fail_startup:
@@ -88,6 +135,22 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
             deterministic=args.enable_deterministic_inference,
         )
     else:
+        scheduler = None
+        if args.max_running_requests is not None:
+            scheduler = KVScheduler(
+                args.max_running_requests,
+                args.max_total_tokens,
+                step_model=StepModel(
+                    base_ms=args.step_ms,
+                    per_request_ms=args.step_ms_per_request,
+                    per_kv_token_us=args.step_us_per_kv_token,
+                    prefill_per_token_us=args.prefill_us_per_token,
+                ),
+                context_length=args.context_length,
+                max_prefill_tokens=args.max_prefill_tokens,
+                schedule_conservativeness=args.schedule_conservativeness,
+                prefix_cache=not args.disable_radix_cache,
+            )
         backend = ScriptedBackend(
             tokenizer_dir,
             model_dir=args.model_dir,
@@ -96,6 +159,8 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
             trust_remote_code=args.trust_remote_code,
             deterministic=args.enable_deterministic_inference,
             answer_tokens=tuple(int(x) for x in args.answer_tokens) if args.answer_tokens else None,
+            canned=args.canned,
+            scheduler=scheduler,
         )
     faults = Faults(
         latency_ms=args.latency_ms,
@@ -112,6 +177,8 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
         tokenizer_path=str(tokenizer_dir),
         record_path=args.record or (args.record_dir / f"{os.getpid()}.jsonl" if args.record_dir else None),
         faults=faults,
+        version=args.sglang_version or protocol.SGLANG_VERSION,
+        enable_metrics=args.enable_metrics,
     )
     app[ENGINE_KEY].never_healthy = args.never_healthy
     app[ENGINE_KEY].die_after = args.die_after
@@ -149,7 +216,17 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()  # first thing: the watch compares against the parent we started under
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.canned and args.backend != "scripted":
+        parser.error("--canned needs --backend scripted")
+    if (args.max_running_requests is None) != (args.max_total_tokens is None):
+        parser.error("the capacity model needs both --max-running-requests and --max-total-tokens")
+    if args.max_running_requests is not None:
+        if args.backend != "scripted":
+            parser.error("the capacity model needs --backend scripted")
+        if args.max_running_requests < 1 or args.max_total_tokens < 1:
+            parser.error("--max-running-requests and --max-total-tokens must be positive")
     logging.basicConfig(
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         stream=sys.stderr,

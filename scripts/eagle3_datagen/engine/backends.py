@@ -8,8 +8,11 @@ reports back through its `on_done` callback, from the worker thread. Stopping fo
   batch (left padding plus an attention mask and explicit positions); each row stops on its own.
 - `ScriptedBackend`: no model; deterministic reasoning-shaped outputs from a hash of the prompt and
   seed, produced at once (or at a configured pace per token, so that aborts find them running).
+  With a `capacity.KVScheduler` it behaves like a GPU of that capacity instead: every answer is made
+  at once, then paced by the simulated scheduler, whose step times the worker sleeps in real time.
 """
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from eagle3_datagen.engine import protocol
+from eagle3_datagen.engine.capacity import KVScheduler, RequestStats
 from eagle3_datagen.engine.protocol import GenerateItem, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,14 @@ class Job:
         self.output_ids: list[int] = []
         self.finish_reason: dict[str, Any] | None = None
         self.started_running = False
+        # Set by whoever knows them before the answer is built: a canned answer to copy (scripted
+        # `canned` mode), the decoded `text`, and the scheduler's per-request numbers (`num_retractions`,
+        # `cached_tokens`, `queue_time`, and the wall-clock `forward_entry_ts`/`prefill_finished_ts`).
+        self.canned: protocol.PreparedResponse | None = None
+        self.text: str | None = None
+        self.stats: dict[str, Any] | None = None
+        self.t_submit = time.time()
+        self.t_start: float | None = None
         self._on_done = on_done
         self._abort = threading.Event()
         self._lock = threading.Lock()
@@ -65,6 +77,7 @@ class Job:
                 return False
             self.state = RUNNING
             self.started_running = True
+            self.t_start = time.time()
             return True
 
     @property
@@ -94,11 +107,23 @@ class Job:
             self.finish_reason = finish_reason
         self._on_done(self)
 
+    def finish_canned(self) -> None:
+        """End with the canned answer set on the job (nothing is generated)."""
+        answer = self.canned
+        self.output_ids.extend(answer.output_ids)
+        self.text = answer.text
+        self.finish(dict(answer.finish_reason))
+
+
+def _ignore(job: Job) -> None:
+    pass
+
 
 class Backend:
     """Shared worker-thread machinery. Subclasses implement `load` and `_work`."""
 
     name = "backend"
+    canned = False  # the scripted backend's speed mode: one answer for every request
 
     def __init__(self, *, max_batch: int = 16, deterministic: bool = False):
         self.max_batch = max_batch
@@ -133,6 +158,7 @@ class Backend:
             self._thread.join(timeout=10)
 
     def submit(self, job: Job) -> None:
+        job.t_submit = time.time()
         self._queue.put(job)
 
     # -- worker
@@ -213,6 +239,12 @@ class ScriptedBackend(Backend):
     length drawn uniformly from [lo, hi] tokens per request (scale benchmarks). Such answers are
     made whole rather than token by token where no stop string or min_new_tokens asks for the
     token-wise rules, so that a CPU serves hundreds of millions of tokens.
+
+    `canned=True` is a speed mode for benchmarking clients: the answer is planned once, from the
+    first request's prompt, and every request gets it (`canned_answer`), cut by its own
+    `max_new_tokens` and stopping parameters under the same rules; one prepared answer per
+    distinct set of those. The server then answers without the worker thread where it can, from
+    the answer's pre-serialized bytes. `token_delay_s` does not apply to canned answers.
     """
 
     name = "scripted"
@@ -235,10 +267,21 @@ class ScriptedBackend(Backend):
         trust_remote_code: bool = False,
         deterministic: bool = False,
         answer_tokens: tuple[int, int] | None = None,
+        canned: bool = False,
+        scheduler: KVScheduler | None = None,
     ):
         super().__init__(max_batch=max_batch, deterministic=deterministic)
+        self.scheduler = scheduler
+        # The scheduler's `load()` as of its last step, published by the worker for `/v1/loads`.
+        self.load_snapshot: dict[str, Any] | None = scheduler.load() if scheduler is not None else None
+        self.clock_origin = time.time()  # wall-clock time of the scheduler's virtual 0
+        self._flush_cache = threading.Event()
         self.trust_remote_code = trust_remote_code
         self.answer_tokens = answer_tokens
+        self.canned = canned
+        self._canned_origin: tuple[list[int], int | None] | None = None
+        self._canned_answers: dict[tuple, protocol.PreparedResponse] = {}
+        self._canned_lock = threading.Lock()
         self.tokenizer_dir = Path(tokenizer_dir)
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self.token_delay_s = token_delay_s
@@ -359,7 +402,41 @@ class ScriptedBackend(Backend):
         eos = self.tokenizer.eos_token_id
         return eos if eos in candidates else min(candidates)
 
-    def _generate(self, job: Job) -> None:
+    # -- whole answers
+    def answer(self, job: Job) -> tuple[list[int], dict[str, Any]]:
+        """`job`'s whole output and finish reason, made at once (no pacing, no abort); `job` is untouched."""
+        shadow = Job(job.item, max_new_tokens=job.max_new_tokens, on_done=_ignore)
+        shadow.state = RUNNING
+        self._generate(shadow, pace=False)
+        return shadow.output_ids, shadow.finish_reason
+
+    CANNED_ANSWERS_KEPT = 4096
+
+    def canned_answer(self, item: GenerateItem, max_new_tokens: int) -> protocol.PreparedResponse:
+        """The canned answer for a request (`canned` mode): the first request's planned output, stopped
+        by this request's `max_new_tokens` (after the context clamp) and stopping parameters."""
+        p = item.params
+        key = (
+            max_new_tokens, p.ignore_eos, p.stop_token_ids, p.stop_strs, p.min_new_tokens,
+            p.skip_special_tokens, p.spaces_between_special_tokens, p.no_stop_trim,
+        )  # fmt: skip
+        with self._canned_lock:
+            answer = self._canned_answers.get(key)
+            if answer is not None:
+                return answer
+            if self._canned_origin is None:
+                self._canned_origin = (list(item.input_ids), p.sampling_seed)
+            ids, seed = self._canned_origin
+            origin = GenerateItem(0, item.rid, ids, item.sampling_params, dataclasses.replace(p, sampling_seed=seed))
+            output_ids, reason = self.answer(Job(origin, max_new_tokens=max_new_tokens, on_done=_ignore))
+            text = protocol.decode_output_text(self.tokenizer, output_ids, reason, p)
+            answer = protocol.PreparedResponse(text=text, output_ids=output_ids, finish_reason=reason)
+            if len(self._canned_answers) >= self.CANNED_ANSWERS_KEPT:
+                self._canned_answers.clear()
+            self._canned_answers[key] = answer
+            return answer
+
+    def _generate(self, job: Job, *, pace: bool = True) -> None:
         params = job.params
         stop_ids = self.stop_ids_for(params)
         banned = protocol.min_new_tokens_banned(self.eos_token_ids, params)
@@ -398,7 +475,7 @@ class ScriptedBackend(Backend):
             if reason is not None:
                 job.finish(reason)
                 return
-            if self.token_delay_s > 0:
+            if pace and self.token_delay_s > 0:
                 time.sleep(self.token_delay_s)
 
     def _generate_whole(self, job: Job, planned: list[int], stop_ids: frozenset) -> None:
@@ -414,10 +491,112 @@ class ScriptedBackend(Backend):
             job.finish(protocol.finish_length(len(output)))
 
     def _work(self) -> None:
+        if self.scheduler is not None:
+            self._work_scheduled()
+            return
         while not self._closing.is_set():
             for job in self._take(block=True, limit=self.max_batch):
                 if job.try_start():
-                    self._generate(job)
+                    if job.canned is not None:
+                        job.finish_canned()
+                    else:
+                        self._generate(job)
+
+    # -- the simulated GPU
+    def request_flush_cache(self) -> None:
+        """Ask the worker to empty the scheduler's prefix cache when it is next idle."""
+        self._flush_cache.set()
+
+    def _work_scheduled(self) -> None:
+        """Serve through the scheduler: virtual time kept in step with the monotonic clock, each step slept.
+
+        A job is WAITING until the scheduler first admits it (an abort then resolves it at once, as
+        SGLang's "Abort in waiting queue"), RUNNING from then on; an abort of a running job ends it
+        with the tokens generated so far.
+        """
+        sched = self.scheduler
+        held: dict[Job, tuple[list[int], dict[str, Any], str | None]] = {}
+        t0 = time.monotonic()
+        self.clock_origin = time.time() - sched.clock
+        while not self._closing.is_set():
+            arrived = self._take(block=not sched.busy, limit=1 << 30)
+            lag = time.monotonic() - t0 - sched.clock
+            if lag > 0:
+                sched.advance(lag)  # idle time, or time lost to this thread: it passes for the queue too
+            for job in arrived:
+                self._schedule(job, held)
+            for job in [j for j in held if j.state == DONE or j.abort_requested]:
+                stats = sched.abort(job)
+                output_ids, _, _ = held.pop(job)
+                if job.state != DONE and stats is not None:
+                    job.output_ids.extend(output_ids[: stats.output_len])
+                    job.stats = self._job_stats(stats)
+                    job.finish(protocol.finish_abort())
+            if self._flush_cache.is_set() and sched.flush_cache():
+                self._flush_cache.clear()
+            if sched.busy:
+                finished, seconds = sched.step()
+                for job in sched.last_step.admitted:
+                    job.try_start()  # False for a job aborted meanwhile (removed next round) or re-admitted
+                ahead = sched.clock - (time.monotonic() - t0)
+                if ahead > 0:
+                    self._closing.wait(ahead)
+                elif seconds == 0 and not finished:
+                    time.sleep(0.001)  # nothing could run this round
+                for stats in finished:
+                    self._finish_scheduled(stats, held)
+            self.load_snapshot = sched.load(timestamp=time.time())
+        for job in held:
+            job.finish(protocol.finish_abort("Server is shutting down", 503))
+
+    def _schedule(self, job: Job, held: dict) -> None:
+        if job.state != WAITING:
+            return
+        if job.max_new_tokens <= 0:
+            if job.try_start():
+                job.finish(protocol.finish_length(0))
+            return
+        if job.canned is not None:
+            answer = job.canned
+            held[job] = (list(answer.output_ids), dict(answer.finish_reason), answer.text)
+        else:
+            output_ids, reason = self.answer(job)
+            held[job] = (output_ids, reason, None)
+        output_ids = held[job][0]
+        self.scheduler.add(
+            job,
+            len(job.input_ids),
+            len(output_ids),
+            job.max_new_tokens,
+            prompt_ids=job.input_ids,
+            output_ids=output_ids,
+            ignore_eos=job.params.ignore_eos,
+        )
+
+    def _job_stats(self, stats: RequestStats) -> dict[str, Any]:
+        origin = self.clock_origin
+        return {
+            "num_retractions": stats.num_retractions,
+            "cached_tokens": stats.cached_tokens,
+            "queue_time": stats.queue_time,
+            "forward_entry_ts": 0.0 if stats.forward_entry_time is None else origin + stats.forward_entry_time,
+            "prefill_finished_ts": 0.0 if stats.prefill_finished_time is None else origin + stats.prefill_finished_time,
+        }
+
+    def _finish_scheduled(self, stats: RequestStats, held: dict) -> None:
+        job: Job = stats.key
+        output_ids, reason, text = held.pop(job)
+        if job.state == DONE:  # aborted while waiting, and already answered so
+            return
+        if stats.error is not None:
+            job.try_start()
+            err_type = "BadRequestError" if stats.status_code == 400 else None
+            job.finish(protocol.finish_abort(stats.error, stats.status_code, err_type))
+            return
+        job.output_ids.extend(output_ids)
+        job.text = text
+        job.stats = self._job_stats(stats)
+        job.finish(reason)
 
 
 # =============================================================================================

@@ -2,8 +2,14 @@
 
 Routes: `POST|PUT /generate`, `GET /health`, `GET /health_generate`, `GET /get_server_info`,
 `GET /server_info`, `GET /get_model_info`, `GET /model_info`, `POST /abort_request`,
-`GET|POST /flush_cache`. Answers and error bodies follow `protocol`; see its docstring for the
-SGLang source each one mirrors.
+`GET|POST /flush_cache`, `GET /v1/loads`, and `GET /get_load` when acting as a version before
+0.5.23 (0.5.23's http_server.py has no such route: 404 there). Answers and error bodies follow
+`protocol` and `loads`; see their docstrings for the SGLang source each one mirrors.
+
+With a backend that carries a `capacity.KVScheduler` the loads are the scheduler's, and answers
+report its `num_retractions` and `cached_tokens`; otherwise loads count the requests in flight.
+`enable_metrics` adds what SGLang's `--enable-metrics` adds to `meta_info` (`queue_time` and the
+time stamps of `protocol.metrics_meta_info`).
 
 Every request served is appended to `record_path` as one JSON line when it ends: one line per
 single request of a body that ran, one line per body refused or failed as a whole. Keys: `rid`,
@@ -16,6 +22,7 @@ single request of a body that ran, one line per body refused or failed as a whol
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -25,10 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 from aiohttp import web
 
-from eagle3_datagen.engine import protocol
-from eagle3_datagen.engine.backends import Backend, Job
+from eagle3_datagen.engine import loads, protocol
+from eagle3_datagen.engine.backends import RUNNING, WAITING, Backend, Job
 from eagle3_datagen.engine.protocol import RequestError
 
 log = logging.getLogger(__name__)
@@ -108,6 +116,19 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(text=json.dumps(data, ensure_ascii=False), status=status, content_type="application/json")
 
 
+async def _read_json(request: web.Request) -> Any:
+    """`request.json()`, parsed by orjson where the body is UTF-8; anything orjson refuses is parsed
+    again by `json.loads`, so that results and errors stay exactly those of `request.json()`."""
+    raw = await request.read()
+    charset = request.charset
+    if charset is None or charset.lower() in ("utf-8", "utf8"):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw.decode(charset or "utf-8"))
+
+
 def _disconnected(request: web.Request) -> bool:
     transport = request.transport
     return transport is None or transport.is_closing()
@@ -126,8 +147,12 @@ class EngineServer:
         record_path: Path | None,
         version: str,
         faults: Faults | None,
+        enable_metrics: bool = False,
     ):
         self.backend = backend
+        self.scheduler = getattr(backend, "scheduler", None)
+        self.enable_metrics = enable_metrics
+        self.legacy = _version_tuple(version) < (0, 5, 23)
         self.context_length = context_length
         self.model_path = model_path
         self.tokenizer_path = tokenizer_path
@@ -191,12 +216,15 @@ class EngineServer:
         )
 
     def _record_job(self, job: Job, status: int, t_start: float) -> None:
+        self._record_answer(job.item, job.output_ids, job.finish_reason, status, t_start)
+
+    def _record_answer(self, item, output_ids, finish_reason, status: int, t_start: float) -> None:
         self.recorder.write(
-            rid=job.rid,
-            input_ids=job.input_ids,
-            sampling_params=job.item.sampling_params,
-            output_ids=list(job.output_ids),
-            finish_reason=job.finish_reason,
+            rid=item.rid,
+            input_ids=item.input_ids,
+            sampling_params=item.sampling_params,
+            output_ids=list(output_ids),
+            finish_reason=finish_reason,
             status=status,
             t_start=t_start,
             t_end=time.time(),
@@ -217,7 +245,7 @@ class EngineServer:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         t_start = time.time()
         try:
-            body = await request.json()
+            body = await _read_json(request)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             err = {
                 "object": "error",
@@ -245,6 +273,12 @@ class EngineServer:
             self._record_body(body, e.status, t_start, error=e.message)
             return _json(e.body, e.status)
 
+        drawn = None
+        if self.backend.canned and not parsed.stream and self._canned_direct:
+            drawn = self.faults.draw([item.rid for item in parsed.items])
+            if drawn[0] is None and drawn[2] <= 0:
+                return self._answer_canned(parsed, t_start)
+
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future] = []
         jobs: list[Job] = []
@@ -254,18 +288,14 @@ class EngineServer:
             def on_done(job: Job, fut=fut) -> None:
                 loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(job))
 
-            job = Job(
-                item,
-                max_new_tokens=protocol.effective_max_new_tokens(
-                    len(item.input_ids), item.params.max_new_tokens, self.context_length
-                ),
-                on_done=on_done,
-            )
+            job = Job(item, max_new_tokens=self._max_new_tokens(item), on_done=on_done)
+            if self.backend.canned:
+                job.canned = self.backend.canned_answer(item, job.max_new_tokens)
             jobs.append(job)
             futures.append(fut)
             self.inflight[item.rid] = job
         try:
-            return await self._serve(request, body, parsed, jobs, futures, t_start)
+            return await self._serve(request, body, parsed, jobs, futures, t_start, drawn)
         except asyncio.CancelledError:
             # The client went away and aiohttp cancelled the handler: abort, and record once
             # the backend has stopped working on the jobs.
@@ -280,13 +310,61 @@ class EngineServer:
                 if self.inflight.get(job.rid) is job:
                     del self.inflight[job.rid]
 
+    def _max_new_tokens(self, item) -> int:
+        """`scheduler.init_req_max_new_tokens`: the request's budget clamped to what the context (and
+        the scheduler's KV pool) allows."""
+        n = protocol.effective_max_new_tokens(len(item.input_ids), item.params.max_new_tokens, self.context_length)
+        if self.scheduler is not None:
+            n = self.scheduler.clip_max_new_tokens(len(item.input_ids), n)
+        return n
+
+    @property
+    def _canned_direct(self) -> bool:
+        """Whether canned answers may skip the worker thread: nothing per request is measured there."""
+        return self.scheduler is None and not self.enable_metrics
+
+    def _meta_extras(self, job: Job, t_start: float, t_end: float) -> dict[str, Any]:
+        """`build_response` arguments from the scheduler's numbers and, with metrics on, the time stats."""
+        stats = job.stats or {}
+        extras: dict[str, Any] = {
+            "num_retractions": stats.get("num_retractions", 0),
+            "cached_tokens": stats.get("cached_tokens", 0),
+        }
+        if self.enable_metrics and job.started_running:
+            started = job.t_start or t_start
+            sched, req = protocol.metrics_meta_info(
+                received_ts=t_start,
+                forward_entry_ts=stats.get("forward_entry_ts") or started,
+                prefill_finished_ts=stats.get("prefill_finished_ts") or started,
+                queue_time=stats.get("queue_time", max(0.0, started - job.t_submit)),
+                finished_ts=t_end,
+                completion_tokens=len(job.output_ids),
+            )
+            extras["scheduler_metrics"], extras["request_metrics"] = sched, req
+        return extras
+
+    def _answer_canned(self, parsed, t_start: float) -> web.Response:
+        """Answer a body from canned answers at once: no job, no worker thread, no text decode; the bytes
+        are the prepared answers with the per-request fields filled in."""
+        answers = [(item, self.backend.canned_answer(item, self._max_new_tokens(item))) for item in parsed.items]
+        e2e = time.time() - t_start
+        sent = time.time()
+        parts = [answer.render(item.rid, len(item.input_ids), e2e, sent) for item, answer in answers]
+        if self.recorder.path is not None or self.die_after is not None:
+            for item, answer in answers:
+                self._record_answer(item, answer.output_ids, answer.finish_reason, 200, t_start)
+        else:
+            self.served += len(answers)
+        body = parts[0] if parsed.is_single else b"[" + b",".join(parts) + b"]"
+        return web.Response(body=body, content_type="application/json", charset="utf-8")
+
     async def _record_when_done(self, jobs, futures, status: int, t_start: float) -> None:
         await asyncio.wait(futures, timeout=5.0)
         for job in jobs:
             self._record_job(job, status, t_start)
 
-    async def _serve(self, request, body, parsed, jobs, futures, t_start) -> web.StreamResponse:
-        kind, status, delay = self.faults.draw([j.rid for j in jobs])
+    async def _serve(self, request, body, parsed, jobs, futures, t_start, drawn=None) -> web.StreamResponse:
+        kind, status, delay = drawn or self.faults.draw([j.rid for j in jobs])
         if kind in ("fail_rid", "error"):
             detail = f"Injected failure for rid {jobs[0].rid}" if kind == "fail_rid" else f"Injected HTTP {status}"
             self._record_body(body, status, t_start, error=detail, fault=kind)
@@ -324,11 +402,14 @@ class EngineServer:
                     self._record_job(job, 499, t_start)
                 return web.Response(status=499)
 
-        e2e = time.time() - t_start
+        t_end = time.time()
+        e2e = t_end - t_start
         outs = []
         tok = self.backend.tokenizer
         for job in jobs:
-            text = protocol.decode_output_text(tok, job.output_ids, job.finish_reason, job.params)
+            text = job.text
+            if text is None:
+                text = protocol.decode_output_text(tok, job.output_ids, job.finish_reason, job.params)
             outs.append(
                 protocol.build_response(
                     rid=job.rid,
@@ -337,6 +418,7 @@ class EngineServer:
                     finish_reason=job.finish_reason,
                     prompt_tokens=len(job.input_ids) if job.started_running else None,
                     e2e_latency=e2e,
+                    **self._meta_extras(job, t_start, t_end),
                 )
             )
         # A request ended by the server itself (status_code 4xx/5xx) fails the whole body, as
@@ -378,7 +460,7 @@ class EngineServer:
             "trust_remote_code": bool(getattr(self.backend, "trust_remote_code", False)),
             "context_length": self.context_length,
             # scheduler_info (tp_worker.py): min(context, KV pool) - 1 - 5; this engine's pool is unbounded.
-            "max_req_input_len": self.context_length - 6,
+            "max_req_input_len": self.scheduler.max_req_input_len if self.scheduler else self.context_length - 6,
             "is_embedding": False,
             "served_model_name": self.model_path,
             "weight_version": protocol.DEFAULT_WEIGHT_VERSION,
@@ -387,7 +469,8 @@ class EngineServer:
             "tp_size": 1,
             "dp_size": 1,
             "pp_size": 1,
-            "max_running_requests": self.backend.max_batch,
+            "max_running_requests": self.max_running_requests,
+            "max_total_tokens": self.scheduler.max_total_tokens if self.scheduler else None,
             "reasoning_parser": None,
             "tool_call_parser": None,
             "allow_auto_truncate": False,
@@ -395,6 +478,7 @@ class EngineServer:
             "sampling_defaults": "model",
             "random_seed": None,
             "enable_deterministic_inference": bool(self.backend.deterministic),
+            "enable_metrics": self.enable_metrics,
             "startup_time": self.startup_time,
             "internal_states": [],
             "version": self.version,
@@ -451,6 +535,8 @@ class EngineServer:
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self.inflight:
             return web.Response(text="Flush cache failed.\n", status=400)
+        if self.scheduler is not None:
+            self.backend.request_flush_cache()
         return web.Response(
             text=(
                 "Cache flushed.\nPlease check backend logs for more details. "
@@ -459,6 +545,92 @@ class EngineServer:
             ),
             status=200,
         )
+
+    # -- loads
+    @property
+    def max_running_requests(self) -> int:
+        return self.scheduler.max_running_requests if self.scheduler is not None else self.backend.max_batch
+
+    def load_snapshots(self) -> list[dict[str, Any]]:
+        """One load snapshot per DP rank (one rank): the scheduler's last, or the requests in flight.
+
+        Without the capacity model the pool is taken as `max_running_requests` rows of the full
+        context, and a request counts as running once the backend has started it."""
+        if self.scheduler is not None:
+            return [dict(self.backend.load_snapshot, timestamp=time.time())]
+        running, waiting = [], []
+        for job in list(self.inflight.values()):
+            if job.state == RUNNING:
+                running.append((len(job.input_ids), len(job.output_ids)))
+            elif job.state == WAITING:
+                waiting.append(len(job.input_ids))
+        return [
+            loads.inflight_snapshot(
+                running=running,
+                waiting_tokens=waiting,
+                max_running_requests=self.backend.max_batch,
+                max_total_tokens=self.backend.max_batch * self.context_length,
+                timestamp=time.time(),
+            )
+        ]
+
+    async def v1_loads(self, request: web.Request) -> web.Response:
+        query = request.rel_url.query
+        raw_rank = query.get("dp_rank")
+        include = query.get("include")
+        dp_rank = None
+        if raw_rank is not None:
+            try:
+                dp_rank = int(raw_rank)
+            except ValueError:
+                # FastAPI's query validation, answered by http_server's RequestValidationError handler.
+                err = [{"type": "int_parsing", "loc": ("query", "dp_rank"),
+                        "msg": "Input should be a valid integer, unable to parse string as an integer",
+                        "input": raw_rank}]  # fmt: skip
+                return _json({"object": "error", "message": str(err), "type": "Bad Request", "param": None,
+                              "code": 400}, 400)  # fmt: skip
+        if self.legacy:
+            try:
+                body = loads.legacy_v1_loads(
+                    self.load_snapshots(), include=include, dp_rank=dp_rank, version=self.version
+                )
+            except ValueError as e:
+                return _json(protocol.http_exception_body(str(e), 400), 400)
+            return _json(body)
+        snapshots = loads.select_rank(self.load_snapshots(), dp_rank)
+        try:
+            if query.get("format") == "prometheus":
+                text = loads.v1_loads_prometheus(snapshots, include=include)
+                return web.Response(
+                    body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+                )
+            return _json(loads.v1_loads(snapshots, include=include, version=self.version))
+        except ValueError as e:
+            # Raised by LoadSnapshot.to_dict outside v1_loads.get_loads' try: FastAPI's bare 500.
+            log.error("/v1/loads failed: %s", e)
+            return web.Response(text="Internal Server Error", status=500)
+
+    async def get_load(self, request: web.Request) -> web.Response:
+        if not self.legacy:
+            return _json({"detail": "Not Found"}, 404)  # 0.5.23 has no /get_load: FastAPI's 404
+        log.warning(
+            "Endpoint '/get_load' is deprecated and will be removed in a future version. "
+            "Please use '/v1/loads' instead."
+        )
+        return _json(loads.get_load(self.load_snapshots()))
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    """ "0.5.8.post1" -> (0, 5, 8): the leading numeric parts."""
+    parts = []
+    for piece in version.split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) != len(piece):
+            break
+    return tuple(parts)
 
 
 ENGINE_KEY = web.AppKey("engine", EngineServer)
@@ -485,6 +657,7 @@ def create_app(
     record_path: Path | None = None,
     version: str = protocol.SGLANG_VERSION,
     faults: Faults | None = None,
+    enable_metrics: bool = False,
 ) -> web.Application:
     """The local engine's web app. The backend starts (loads) in the background at app start;
     `/health` answers 503 until it is ready."""
@@ -496,6 +669,7 @@ def create_app(
         record_path=record_path,
         version=version,
         faults=faults,
+        enable_metrics=enable_metrics,
     )
     app = web.Application(client_max_size=1 << 30)
     app[ENGINE_KEY] = srv
@@ -512,4 +686,6 @@ def create_app(
     app.router.add_post("/abort_request", srv.abort_request)
     app.router.add_get("/flush_cache", srv.flush_cache)
     app.router.add_post("/flush_cache", srv.flush_cache)
+    app.router.add_get("/v1/loads", srv.v1_loads)
+    app.router.add_get("/get_load", srv.get_load)
     return app
