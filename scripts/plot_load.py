@@ -1,7 +1,6 @@
-"""Draw how the server carried each category: retractions, cache hits, time queued, requests in flight.
-Run by rule plot_load, or by hand (-h)."""
+"""Draw how the server carried each category (retractions, cache hits, queueing). Run by rule plot_load, or by hand (-h)."""
 
-from eagle3_datagen.load_report import load_report
+from eagle3_datagen.load_report import plot_load
 from eagle3_datagen.runner import run
 
-run(load_report, globals().get("snakemake"))
+run(plot_load, globals().get("snakemake"))

@@ -210,7 +210,7 @@ def plot_checks(
     plot_finish_reasons(finishes, finish_reasons_png)
 
 
-def plot_load(frame, timelines: dict[str, list], path: Path) -> None:
+def draw_load(frame, timelines: dict[str, list], path: Path) -> None:
     """How the server carried each category (`frame`: the load table; `timelines`: per category, its
     generate jobs' (label, timeline columns)): retractions per 1,000 answers, prefix-cache hit
     share, seconds queued (mean and 90th percentile, where the server reports it), and the

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from .figures import plot_load
+from .figures import draw_load
 from .tables import DEFAULT_BATCHING, Batching, iter_record_batches, read_provenance
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def _mean(values: list) -> float | None:
     return round(sum(values) / len(values), 1) if values else None
 
 
-def load_report(
+def plot_load(
     *,
     categories: list[str],
     generations: list[Path],
@@ -88,6 +88,6 @@ def load_report(
     frame = pd.DataFrame(rows)
     Path(load_summary).parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(load_summary, sep="\t", index=False)
-    plot_load(frame, timelines, Path(load_png))
+    draw_load(frame, timelines, Path(load_png))
     log.info("load per category:\n%s", frame.to_string(index=False))
     return frame

@@ -3,7 +3,7 @@ in-flight timelines from the generate jobs' provenance."""
 
 import pandas as pd
 
-from eagle3_datagen.load_report import load_report
+from eagle3_datagen.load_report import plot_load
 from eagle3_datagen.tables import GENERATIONS_SCHEMA, Batching, TableWriter
 
 
@@ -43,7 +43,7 @@ def test_load_table_and_figure_per_category(tmp_path):
             writer.write(rows(**kwargs))
             writer.close(provenance)
         paths.append(path)
-    frame = load_report(
+    frame = plot_load(
         categories=["math", "chat"],
         generations=paths,
         load_summary=tmp_path / "load.tsv",
