@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--answer-tokens", type=_range, help="scripted: long answers, LO:HI reasoning tokens per request (uniform)"
     )
+    p.add_argument(
+        "--answer-spread",
+        choices=("uniform", "lognormal"),
+        default="uniform",
+        help="scripted: how --answer-tokens lengths spread (lognormal: median sqrt(LO*HI), a long tail)",
+    )
     p.add_argument("--token-delay-ms", type=float, default=0.0, help="pace of the scripted backend per token")
     p.add_argument(
         "--canned",
@@ -97,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--schedule-conservativeness", type=float, default=1.0, help="scales new_token_ratio (SGLang's flag)"
     )
     g.add_argument("--disable-radix-cache", action="store_true", help="no prefix cache (SGLang's flag)")
+    g.add_argument(
+        "--clip-max-new-tokens-estimation",
+        type=int,
+        default=4096,
+        help="new tokens admission reserves per request at most (SGLang's env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION)",
+    )
     p.add_argument(
         "--enable-metrics",
         action="store_true",
@@ -150,6 +162,7 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
                 max_prefill_tokens=args.max_prefill_tokens,
                 schedule_conservativeness=args.schedule_conservativeness,
                 prefix_cache=not args.disable_radix_cache,
+                clip_max_new_tokens=args.clip_max_new_tokens_estimation,
             )
         backend = ScriptedBackend(
             tokenizer_dir,
@@ -159,6 +172,7 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
             trust_remote_code=args.trust_remote_code,
             deterministic=args.enable_deterministic_inference,
             answer_tokens=tuple(int(x) for x in args.answer_tokens) if args.answer_tokens else None,
+            answer_spread=args.answer_spread,
             canned=args.canned,
             scheduler=scheduler,
         )

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import queue
 import random
 import re
@@ -267,6 +268,7 @@ class ScriptedBackend(Backend):
         trust_remote_code: bool = False,
         deterministic: bool = False,
         answer_tokens: tuple[int, int] | None = None,
+        answer_spread: str = "uniform",
         canned: bool = False,
         scheduler: KVScheduler | None = None,
     ):
@@ -278,6 +280,7 @@ class ScriptedBackend(Backend):
         self._flush_cache = threading.Event()
         self.trust_remote_code = trust_remote_code
         self.answer_tokens = answer_tokens
+        self.answer_spread = answer_spread
         self.canned = canned
         self._canned_origin: tuple[list[int], int | None] | None = None
         self._canned_answers: dict[tuple, protocol.PreparedResponse] = {}
@@ -363,6 +366,16 @@ class ScriptedBackend(Backend):
             return [q["<tool_call>"]] + self.enc("\n" + body + "\n") + [q["</tool_call>"]]
         return None
 
+    def _answer_length(self, rng: random.Random) -> int:
+        """Reasoning tokens of a long answer: uniform in [lo, hi], or (`answer_spread` lognormal) a
+        long-tailed spread as real answer lengths have, median sqrt(lo * hi), lo and hi two sigmas
+        out, clipped to [lo, hi]."""
+        lo, hi = self.answer_tokens
+        if self.answer_spread != "lognormal" or lo >= hi:
+            return rng.randint(lo, hi)
+        sigma = math.log(hi / max(lo, 1)) / 4
+        return max(lo, min(hi, round(rng.lognormvariate(math.log(math.sqrt(max(lo, 1) * hi)), sigma))))
+
     def plan(self, job: Job) -> list[int]:
         """The full intended output for `job`, before stopping rules cut or extend it."""
         rng = self._rng(job)
@@ -374,7 +387,7 @@ class ScriptedBackend(Backend):
         if u < self.ramble_rate or self.think_end_id is None:
             kind = "ramble"
         if self.answer_tokens is not None:
-            planned += self._long_words(rng, rng.randint(*self.answer_tokens))
+            planned += self._long_words(rng, self._answer_length(rng))
         else:
             planned += self._words(rng, rng.randint(4, 40))
         if kind == "ramble":

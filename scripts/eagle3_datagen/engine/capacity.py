@@ -188,6 +188,7 @@ class KVScheduler:
         max_prefill_tokens: int = MAX_PREFILL_TOKENS,
         schedule_conservativeness: float = 1.0,
         prefix_cache: bool = True,
+        clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS,
     ):
         if max_running_requests < 1 or max_total_tokens < 1:
             raise ValueError("max_running_requests and max_total_tokens must be positive")
@@ -198,6 +199,9 @@ class KVScheduler:
         self.cache_page_size = cache_page_size
         self.max_prefill_tokens = max_prefill_tokens
         self.prefix_cache = prefix_cache
+        # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION: the most new tokens admission reserves per request;
+        # answers longer than it are what fills the KV cache past the estimate (retractions).
+        self.clip = clip_max_new_tokens
         context = context_length if context_length is not None else max_total_tokens
         self.max_req_len = min(context - 1, max_total_tokens - 1)
         self.max_req_input_len = self.max_req_len - 5
@@ -467,7 +471,7 @@ class KVScheduler:
         ceil = lambda n: -(-n // page) * page  # noqa: E731
         ratio = self.new_token_ratio
         total_offset = sum(
-            min(r.max_new - r.generated, CLIP_MAX_NEW_TOKENS) * (1.0 if r.ignore_eos else ratio) for r in self.running
+            min(r.max_new - r.generated, self.clip) * (1.0 if r.ignore_eos else ratio) for r in self.running
         )
         current_offset = 0
         rem_input = self.max_prefill_tokens
@@ -481,7 +485,7 @@ class KVScheduler:
             prefix_keys = self._match(req)
             prefix = len(prefix_keys) * self.cache_page_size
             extend = req.fill_len - prefix
-            max_new = min(max(req.max_new - req.generated, 0), CLIP_MAX_NEW_TOKENS)
+            max_new = min(max(req.max_new - req.generated, 0), self.clip)
             total_tokens = extend + max_new + page
             self._pin(prefix_keys)  # add_one_req's _lock_node: the prefix is not evictable budget
             remaining_total = self.available_tokens + self.evictable_tokens - total_offset
