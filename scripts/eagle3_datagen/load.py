@@ -7,10 +7,12 @@ again. The right number moves with prompt and answer lengths, across categories 
 
 `Concurrency` reads the server's own view at every poll, summed over its data-parallel ranks and
 over the servers of a job: requests running, requests waiting in its queue, KV tokens in use. It
-keeps the waiting queue at a small target (`client.queue_target` per rank): then a request finishing
-on the GPU always has a successor already queued, yet the scheduler never holds a deep queue to
-over-admit from. Retractions cut the limit at once. Start-up doubles the limit while the queue is
-empty (slow start); after the first sign of a full server, the limit moves by small steps.
+keeps the waiting queue at a small target (`client.queue_target` per rank, or a fifth of what
+runs): then the KV cache a finishing request frees always finds successors already queued, yet
+requests never wait long in the server (nor time out there, nor leave a multi-turn conversation's
+prefix to be evicted from its cache). Start-up doubles the limit while the queue is empty (slow
+start); after the first sign of a full server the limit follows what the server runs, and it
+never grows at a retraction.
 
 The endpoints (confirmed in SGLang's source):
 - `GET /v1/loads` (0.5.8 and later; 0.5.23 `srt/entrypoints/v1_loads.py`): {"loads": [one object per
@@ -85,15 +87,21 @@ class Concurrency:
     Pure logic, no clock and no I/O: the client calls `observe` at every poll of the load endpoint
     and `retracted` for every answer that reports retractions; `limit` is the number to keep in
     flight. Fixed (`auto=False`), the limit never moves.
+
+    Auto: the limit is what the servers run plus the queue's target, read anew at every poll. The
+    target is `queue_target` per data-parallel rank, and at least a fifth of what runs (`QUEUE_SHARE`):
+    the KV cache that finishing requests free must find successors already queued, and a server
+    that runs more frees more at once. While the queue is empty and every slot is in use, the limit
+    grows (doubling at start, then by steps of `STEP`); after a retraction it never grows at that poll.
     """
 
-    # Multiplicative cut on retractions, and on a queue far over its target.
-    BACKOFF = 0.8
-    # After slow start, each poll with the queue under target and every slot in use raises the
-    # limit by this share of it (at least 1).
+    # After slow start, each poll with an empty queue and every slot in use raises the limit by
+    # this share of it (at least 1).
     STEP = 0.05
+    # The queue's target as a share of the requests running (when that is more than queue_target).
+    QUEUE_SHARE = 0.2
 
-    def __init__(self, cap: int, *, auto: bool = False, queue_target: int = 2, start: int | None = None):
+    def __init__(self, cap: int, *, auto: bool = False, queue_target: int = 4, start: int | None = None):
         if cap < 1:
             raise ValueError(f"a concurrency cap must be at least 1, not {cap}")
         self.cap = cap
@@ -111,26 +119,34 @@ class Concurrency:
             self._retractions += n
             self.retractions += n
 
+    def target(self, load: Load) -> int:
+        """Requests to keep waiting in the servers' queues."""
+        return max(self.queue_target * max(load.ranks, 1), math.ceil(self.QUEUE_SHARE * load.running))
+
     def observe(self, load: Load, in_flight: int) -> int:
         """A reading of the servers' load, with the client's requests in flight at that moment; returns the limit."""
         if not self.auto:
             return self.limit
-        target = self.queue_target * max(load.ranks, 1)
+        target = self.target(load)
         retractions, self._retractions = self._retractions, 0
+        if self.slow_start:
+            if not retractions and load.waiting <= target:
+                if in_flight >= self.limit:
+                    self.limit = min(self.cap, 2 * self.limit)
+                return self.limit
+            self.slow_start = False  # the first sign of a full server
+        limit = load.running + target
         if retractions:
-            # The scheduler ran out of KV cache: what it ran was too much. Cut below what was running.
-            self.slow_start = False
+            # The scheduler ran out of KV cache and put requests back in its queue: what it runs
+            # now plus the queue, never more than before. (Not below that: SGLang admits by its own
+            # estimate and retracts to pack long-tailed answers, so a limit under what it runs
+            # leaves KV cache idle; bench/README.md, concurrency.py.)
             self.cuts += 1
-            base = min(self.limit, max(load.running, 1) + target)
-            self.limit = max(1, math.floor(base * self.BACKOFF))
-        elif load.waiting > target:
-            # The server runs all it can: hold the queue at its target.
-            self.slow_start = False
-            self.limit = max(1, min(self.limit, in_flight - (load.waiting - target)))
-        elif in_flight >= self.limit and load.waiting <= target:
-            # Every slot in use, yet the server has room: it could run more.
-            grow = self.limit if self.slow_start else max(1, math.floor(self.limit * self.STEP))
-            self.limit = min(self.cap, self.limit + grow)
+            limit = min(limit, self.limit)
+        elif load.waiting == 0 and in_flight >= self.limit:
+            # Every slot in use and nothing waits: the server could run more.
+            limit = max(limit, self.limit + max(1, math.floor(self.limit * self.STEP)))
+        self.limit = max(1, min(self.cap, limit))
         return self.limit
 
 

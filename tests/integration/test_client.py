@@ -72,8 +72,20 @@ def template(tokenizer):
 
 
 def run_against(
-    backend, tokenizer, requests, *, faults=None, record=None, settings=None, context_length=4096, journal=None
+    backend,
+    tokenizer,
+    requests,
+    *,
+    faults=None,
+    record=None,
+    settings=None,
+    context_length=4096,
+    journal=None,
+    clients=None,
 ):
+    """The client's results for `requests` against an engine app of `backend`; `clients`, a list,
+    gets the client."""
+
     async def main():
         app = create_app(
             backend,
@@ -91,6 +103,8 @@ def run_against(
                 settings or ClientSettings.from_config(concurrency=8, **FAST),
                 rng=random.Random(0),
             )
+            if clients is not None:
+                clients.append(client)
             async with aiohttp.ClientSession() as session:
                 for _ in range(400):
                     async with session.get(f"{url}/health") as resp:
@@ -350,3 +364,47 @@ def test_server_info_prefers_the_new_routes_and_falls_back_to_get(backend, token
             assert info["context_length"] == 4096 and (await fetch_info(url, "model_info"))["model_path"] == "m"
 
     asyncio.run(main())
+
+
+def test_auto_concurrency_follows_the_engines_load_endpoint(qwen3_tokenizer_dir, tokenizer):
+    """Against the engine's capacity model (it runs at most 6 requests at once): the client reads
+    /v1/loads, and its limit stays near what the server runs instead of climbing to the cap."""
+    from eagle3_datagen.engine.capacity import KVScheduler, StepModel
+
+    scheduler = KVScheduler(6, 200_000, step_model=StepModel(base_ms=0.5, per_request_ms=0.0))
+    backend = ScriptedBackend(str(qwen3_tokenizer_dir), scheduler=scheduler)
+    settings = ClientSettings.from_config(concurrency="auto", max_concurrency=64, load_poll_s=0.01, **FAST)
+    clients = []
+    results = run_against(backend, tokenizer, requests_for(tokenizer, 60), settings=settings, clients=clients)
+    assert all(r["status"] == "ok" for r in results.values())
+    client = clients[0]
+    facts = client.load_facts()
+    timeline = facts["timeline"]
+    assert facts["concurrency"] == "auto" and facts["load_endpoint"] == ["/v1/loads"]
+    assert timeline["t"] and all(r is not None and r <= 6 for r in timeline["running"])
+    # Slow start doubles from 8 to 16 at most, then the limit follows the 6 running plus the queue.
+    assert facts["limit_max"] <= 16 and client.control.limit <= 6 + 4
+    assert all("num_retractions" in r and "queue_time" in r for r in results.values())
+
+
+def test_the_load_is_read_from_get_load_where_v1_loads_is_missing_and_not_at_all_without_either(caplog):
+    from aiohttp import web
+
+    async def get_load(request):
+        return web.json_response([{"dp_rank": 0, "num_reqs": 5, "num_waiting_reqs": 2, "num_tokens": 9, "ts_tic": 1.0}])
+
+    async def main(routes):
+        app = web.Application()
+        app.add_routes(routes)
+        async with TestServer(app, host="127.0.0.1") as server:
+            url = str(server.make_url("")).rstrip("/")
+            client = GenerateClient([url], RequestTemplate({}, [1], 10), ClientSettings.from_config())
+            async with aiohttp.ClientSession() as session:
+                first = await client.read_load(session)
+                second = await client.read_load(session)
+            return first, second, client._load_paths[url]
+
+    first, second, path = asyncio.run(main([web.get("/get_load", get_load)]))
+    assert first == second and (first.running, first.waiting, path) == (3, 2, "/get_load")
+    first, second, path = asyncio.run(main([]))
+    assert first is None and second is None and path is None  # asked once, then never again
