@@ -488,7 +488,8 @@ def test_capacity_model_over_http_retracts_and_reports_meta_and_loads():
         outs = [await (await t).json() for t in (ta, tb)]
         r = await client.post("/generate", json={"input_ids": a, "rid": "c", "sampling_params": {"max_new_tokens": 5}})
         again = await r.json()
-        after = await (await client.get("/v1/loads")).json()
+        # The worker publishes the load after the step that answered "c": wait for it, not for the answer.
+        after = await wait_for(client, lambda load: load["num_running_reqs"] == 0)
         return during, probes, (gone.status, await gone.json()), outs, again, after
 
     during, probes, gone, (out_a, out_b), again, after = serve(capacity_backend(2, 1500), fn, enable_metrics=True)
@@ -570,7 +571,7 @@ def test_without_the_capacity_model_loads_count_the_requests_in_flight():
         )
         body = await wait_for(client, lambda load: load["num_running_reqs"] == 1)
         out = await (await task).json()
-        idle = await (await client.get("/v1/loads")).json()
+        idle = await wait_for(client, lambda load: load["num_running_reqs"] == 0, timeout=5.0)
         return body, out, idle, (await client.get("/get_load")).status
 
     backend = ScriptedBackend(TOKENIZER_DIR, token_delay_s=0.01, max_batch=8)
