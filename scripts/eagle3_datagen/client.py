@@ -8,6 +8,7 @@ final. Every row ends as `ok` (exact `output_ids` as returned) or `failed` (with
 """
 
 import asyncio
+import hashlib
 import json
 import logging
 import random
@@ -23,7 +24,7 @@ import orjson
 
 from .journal import Journal
 from .load import Concurrency, Load, Timeline, parse_loads
-from .settings import ClientSettings, stable_hash
+from .settings import ClientSettings, canonical_json
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,8 @@ class RequestTemplate:
     stop_token_ids: list[int]
     vocab_size: int
     model_fingerprint: dict = field(default_factory=dict)
+    _model_json: bytes | None = field(default=None, repr=False, compare=False)
+    _orjson_agrees: bool | None = field(default=None, repr=False, compare=False)
 
     def sampling_params(self, req: Request) -> dict:
         # Every value explicit: /generate applies none of the model's generation_config defaults.
@@ -96,9 +99,34 @@ class RequestTemplate:
             "sampling_seed": req.seed,
         }
 
+    def _sampling_json(self, params: dict) -> bytes:
+        """`canonical_json(params)`, by orjson where it writes the same bytes: checked on the first
+        request, since only integers (budget, seed) differ from one request to the next, and orjson
+        writes integers as the standard library does (it differs on some floats, e.g. 1e-05)."""
+        try:
+            fast = orjson.dumps(params, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # an integer beyond 64 bits
+            return canonical_json(params)
+        if self._orjson_agrees is None:
+            self._orjson_agrees = fast == canonical_json(params)
+        return fast if self._orjson_agrees else canonical_json(params)
+
     def fingerprint(self, req: Request) -> str:
-        """Identity of the request's result: the same fingerprint always means the same generation."""
-        return stable_hash([self.model_fingerprint, req.prompt_ids, self.sampling_params(req), req.sample_index])
+        """Identity of the request's result: the same fingerprint always means the same generation.
+
+        `stable_hash([model_fingerprint, prompt_ids, sampling_params, sample_index])`, byte for byte,
+        with the prompt ids (the bulk) written by orjson: a list of integers comes out the same as
+        from the standard library's canonical form, and the rest is small."""
+        if self._model_json is None:
+            self._model_json = canonical_json(self.model_fingerprint)
+        digest = hashlib.sha256(b"[")
+        digest.update(self._model_json)
+        digest.update(b",")
+        digest.update(orjson.dumps(req.prompt_ids))
+        digest.update(b",")
+        digest.update(self._sampling_json(self.sampling_params(req)))
+        digest.update(b"," + str(int(req.sample_index)).encode() + b"]")
+        return digest.hexdigest()
 
 
 def error_text(status: int, body: str) -> str:
@@ -281,6 +309,54 @@ class Slots:
                 fut.set_result(None)
 
 
+# Requests carry no aiohttp timeout (it would arm a timer per request): `Deadlines` keeps them.
+NO_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=None, sock_read=None, sock_connect=None)
+
+
+class Deadlines:
+    """Request timeouts kept by one watchdog task instead of a timer per request (aiohttp arms one
+    for every request with a timeout, and on uvloop that costs more than the rest of the request's
+    bookkeeping). A request past its deadline has its task cancelled, as aiohttp's own timeout
+    does, and `expired` then tells the cancellation from any other; the watchdog wakes every
+    `TICK_SHARE` of the shortest timeout being kept (at most once a second)."""
+
+    TICK_SHARE = 0.05
+
+    def __init__(self):
+        self._deadlines: dict[asyncio.Task, float] = {}
+        self._expired: set[asyncio.Task] = set()
+        self._tick = 1.0
+        self._watchdog: asyncio.Task | None = None
+
+    def watch(self, task: asyncio.Task, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._deadlines[task] = loop.time() + timeout_s
+        self._tick = min(self._tick, max(timeout_s * self.TICK_SHARE, 0.001))
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = loop.create_task(self._watch())
+
+    def forget(self, task: asyncio.Task) -> None:
+        self._deadlines.pop(task, None)
+        self._expired.discard(task)
+
+    def expired(self, task: asyncio.Task) -> bool:
+        return task in self._expired
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._deadlines:
+            await asyncio.sleep(self._tick)
+            now = loop.time()
+            for task, deadline in list(self._deadlines.items()):
+                if now >= deadline and task not in self._expired:
+                    self._expired.add(task)
+                    task.cancel()
+
+    def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+
+
 class GenerateClient:
     def __init__(
         self,
@@ -308,6 +384,7 @@ class GenerateClient:
         self._next_url = 0
         self.in_flight = 0
         self._load_paths: dict[str, str | None] = {}  # the load endpoint each server answers, None: none
+        self._deadlines = Deadlines()
         self.timeline = Timeline()
         self.control: Concurrency | None = None
 
@@ -328,19 +405,26 @@ class GenerateClient:
             # attempt from before a restart may still run on an external server.
             "rid": f"{req.label}.{self.run_nonce}.{attempt}",
         }
-        timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout(req.max_new_tokens))
+        timeout_s = self.settings.request_timeout(req.max_new_tokens)
+        task = asyncio.current_task()
+        self._deadlines.watch(task, timeout_s)
         self.in_flight += 1
         try:
             async with session.post(
-                f"{self._url()}/generate", data=orjson.dumps(body), timeout=timeout, headers=self.headers
+                f"{self._url()}/generate", data=orjson.dumps(body), timeout=NO_TIMEOUT, headers=self.headers
             ) as resp:
                 return resp.status, await resp.read()
-        except TimeoutError:
-            raise RetryableError(f"timed out after {timeout.total:.0f} s") from None
+        except asyncio.CancelledError:
+            # The watchdog's cancellation alone is a timeout; any other (the job stopping) goes on.
+            if self._deadlines.expired(task) and task.cancelling() <= 1:
+                task.uncancel()
+                raise RetryableError(f"timed out after {timeout_s:.0f} s") from None
+            raise
         except aiohttp.ClientError as exc:
             raise RetryableError(f"connection error: {type(exc).__name__}: {exc}") from None
         finally:
             self.in_flight -= 1
+            self._deadlines.forget(task)
 
     def _interpret(self, status: int, raw: bytes, req: Request) -> dict:
         if status != 200:
@@ -589,6 +673,7 @@ class GenerateClient:
                     await asyncio.wait(set(tasks))
             finally:
                 poller.cancel()
+                self._deadlines.close()
                 for task in list(tasks):
                     task.cancel()
                 await asyncio.gather(poller, return_exceptions=True)
@@ -604,6 +689,16 @@ class GenerateClient:
         self.requests_done, self.tokens_done = progress.done, progress.tokens
         self.elapsed_s = time.monotonic() - progress.started
         return results
+
+
+def run_loop(coro):
+    """Run a coroutine of the client to its end: on uvloop's event loop (libuv, written in C: the
+    event loop's own work per request is a fraction of asyncio's), else on asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 async def fetch_json(url: str, *, headers: dict | None = None, timeout_s: float = 30.0) -> dict:

@@ -151,7 +151,11 @@ def max_new_tokens_for(config: dict, category: dict) -> int:
     return int(config["max_new_tokens"])
 
 
+def canonical_json(obj: Any) -> bytes:
+    """An object's canonical JSON (sorted keys, no spaces, UTF-8): what `stable_hash` hashes."""
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
 def stable_hash(obj: Any) -> str:
     """sha256 of an object's canonical JSON: the same value always hashes the same."""
-    blob = json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return hashlib.sha256(canonical_json(obj)).hexdigest()

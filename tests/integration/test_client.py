@@ -408,3 +408,59 @@ def test_the_load_is_read_from_get_load_where_v1_loads_is_missing_and_not_at_all
     assert first == second and (first.running, first.waiting, path) == (3, 2, "/get_load")
     first, second, path = asyncio.run(main([]))
     assert first is None and second is None and path is None  # asked once, then never again
+
+
+def test_the_request_fingerprint_is_the_canonical_hash_byte_for_byte():
+    from eagle3_datagen.settings import stable_hash
+
+    rng = random.Random(5)
+    # min_p 1e-05: a float orjson writes otherwise (0.00001) than the canonical form, so that form is used.
+    for n, min_p in ((0, 0.0), (1, 1e-05), (300, 0.05), (300, 1e-05), (5000, 0.0)):
+        template = RequestTemplate(
+            sampling={"temperature": 0.6, "top_p": 0.95, "min_p": min_p, "top_k": -1, "repetition_penalty": 1.0},
+            stop_token_ids=[163586, 163585],
+            vocab_size=163840,
+            model_fingerprint={"name": "Kimi-K2.5 «ü»", "tokenizer_sha256": "ab" * 32, "server": {"kind": "x"}},
+        )
+        req = Request("id.1", 3, [rng.randrange(163840) for _ in range(n)], 4096, seed=2**40 + n)
+        expected = stable_hash(
+            [template.model_fingerprint, req.prompt_ids, template.sampling_params(req), req.sample_index]
+        )
+        assert template.fingerprint(req) == expected
+        assert template.fingerprint(req) == expected  # the second time, with the check made
+
+
+def test_a_timeout_is_a_retryable_error_but_a_stop_stays_a_stop():
+    """The watchdog's cancellation of a request past its deadline becomes a timeout; a cancellation
+    from elsewhere (the job stopping), even at the same moment, is not swallowed."""
+    from aiohttp import web
+
+    async def never(request):
+        await asyncio.sleep(3600)
+
+    async def main():
+        app = web.Application()
+        app.add_routes([web.post("/generate", never)])
+        async with TestServer(app, host="127.0.0.1") as server:
+            url = str(server.make_url("")).rstrip("/")
+            settings = ClientSettings.from_config(request_timeout_floor_s=0.2, request_timeout_per_token_s=0.0)
+            client = GenerateClient([url], RequestTemplate({}, [1], 10), settings)
+            req = Request("r", 0, [1], max_new_tokens=4, seed=1)
+            async with aiohttp.ClientSession() as session:
+                with pytest.raises(RetryableError, match="timed out after 0 s"):
+                    await client._post(session, req, 1)
+                task = asyncio.ensure_future(client._post(session, req, 2))
+                await asyncio.sleep(0.05)
+                client._deadlines._expired.add(task)  # the watchdog's cancellation ...
+                task.cancel()
+                task.cancel()  # ... and a stop at the same moment
+                outcome = (await asyncio.gather(task, return_exceptions=True))[0]
+                assert isinstance(outcome, asyncio.CancelledError)
+                task = asyncio.ensure_future(client._post(session, req, 3))
+                await asyncio.sleep(0.05)
+                task.cancel()  # a stop before the deadline
+                outcome = (await asyncio.gather(task, return_exceptions=True))[0]
+                assert isinstance(outcome, asyncio.CancelledError)
+                assert client.in_flight == 0 and not client._deadlines._deadlines
+
+    asyncio.run(main())
