@@ -6,7 +6,6 @@ token facts come with the prompts table (`templating.token_facts`); the tokenize
 make a conversation's later turns (`turns`), never for single-turn rows.
 """
 
-import asyncio
 import itertools
 import json
 import logging
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .client import GenerateClient, Request, ServerDied
+from .client import GenerateClient, Request, ServerDied, run_loop
 from .journal import Journal
 from .locks import ShardLock
 from .plan_generation import (
@@ -203,11 +202,12 @@ def generate_category(
                     srv.urls, template, client_settings, label=category, headers=headers, alive=srv.alive
                 )
                 # A conversation's next turn is made from its answer as soon as the answer is journalled.
-                in_flight: dict = {}
+                # (Only where there are later turns: each entry waits for its answer's follow-up.)
+                in_flight: dict | None = {} if todo.later_turns else None
                 requests = requests_to_send(prompt_rows(), builder, journal, in_flight)
 
                 try:
-                    asyncio.run(
+                    run_loop(
                         client.run(
                             requests,
                             journal,

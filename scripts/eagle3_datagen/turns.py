@@ -23,6 +23,7 @@ carrying the reason, and the turns before stay.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -156,17 +157,35 @@ class Conversation:
     def __init__(self, builder: TurnBuilder, row: dict):
         self.builder = builder
         self.row = row
-        self.messages = json.loads(row["messages"]) if isinstance(row["messages"], str) else row["messages"]
-        self.tools = json.loads(row["tools"]) if row.get("tools") else None
-        self.ends = list(row.get("turn_ends") or [len(self.messages)])
+        self.ends = list(row.get("turn_ends") or ())
         self.turn = 0
-        self.history = self.messages[: self.ends[0]]
+        self._history: list | None = None  # read from the row's messages when first asked for
         self.request: Request = builder.request(row, 0, row["prompt_ids"], row["max_new_tokens"])
         self.end_reason: str | None = None
 
+    @functools.cached_property
+    def messages(self) -> list:
+        messages = self.row["messages"]
+        return json.loads(messages) if isinstance(messages, str) else messages
+
+    @functools.cached_property
+    def tools(self) -> list | None:
+        return json.loads(self.row["tools"]) if self.row.get("tools") else None
+
+    @property
+    def history(self) -> list:
+        """The messages the current turn's prompt was rendered from (its own user message last)."""
+        if self._history is None:
+            self._history = self.messages[: self.ends[0] if self.ends else len(self.messages)]
+        return self._history
+
+    @history.setter
+    def history(self, history: list) -> None:
+        self._history = history
+
     @property
     def turns(self) -> int:
-        return len(self.ends)
+        return len(self.ends) or 1
 
     def history_json(self) -> str:
         return json.dumps(self.history, ensure_ascii=False)
