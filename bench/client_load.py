@@ -18,8 +18,8 @@ Every client run writes the journal, as the pipeline's generate rule does.
     at least one request still waits in the client's queue). Three views of the runs:
       client counter  time-weighted, from every change of GenerateClient.in_flight;
       sampled 5 ms    GenerateClient.in_flight read every 5 ms by a task in the same event loop;
-      on the wire     time-weighted count of requests whose headers were written and whose answer's
-                      headers were not yet read (aiohttp trace hooks): what the server holds.
+      on the wire     time-weighted count of requests handed to their connection whose answer was
+                      not yet read whole (a wrapper around http.Server.post): what the server holds.
     For each: the share of the window at `concurrency` (the goal is at least 99 %), the mean level
     over `concurrency`, and the gap per request (the time-integral of the shortfall divided by the
     requests finished: how long each answer leaves its slot empty before the next request goes
@@ -49,11 +49,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import aiohttp
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from eagle3_datagen import http  # noqa: E402
 from eagle3_datagen.client import GenerateClient, Request, RequestTemplate, parse_response  # noqa: E402
 from eagle3_datagen.demo_model import qwen3_tokenizer_dir  # noqa: E402
 from eagle3_datagen.journal import Journal  # noqa: E402
@@ -134,36 +133,25 @@ class RecordingClient(GenerateClient):
 
 @contextmanager
 def traced_sessions(changes: list[tuple[float, int]]):
-    """Every aiohttp.ClientSession made inside records requests on the wire: from the request's
-    headers written (the body follows at once) to the answer's headers read."""
+    """Every /generate request the client makes records its time on the wire: from the request
+    handed to its connection (written at once, in one piece) to the whole answer read."""
     state = {"n": 0}
-    trace = aiohttp.TraceConfig()
+    real = http.Server.post
 
-    async def sent(session, ctx, params):
-        ctx.sent = True
+    async def post(self, path, body):
         state["n"] += 1
         changes.append((time.perf_counter(), state["n"]))
-
-    async def end(session, ctx, params):
-        if getattr(ctx, "sent", False):
-            ctx.sent = False
+        try:
+            return await real(self, path, body)
+        finally:
             state["n"] -= 1
             changes.append((time.perf_counter(), state["n"]))
 
-    trace.on_request_headers_sent.append(sent)
-    trace.on_request_end.append(end)
-    trace.on_request_exception.append(end)
-    real = aiohttp.ClientSession
-
-    def session(*args, **kwargs):
-        kwargs["trace_configs"] = list(kwargs.get("trace_configs") or []) + [trace]
-        return real(*args, **kwargs)
-
-    aiohttp.ClientSession = session
+    http.Server.post = post
     try:
         yield
     finally:
-        aiohttp.ClientSession = real
+        http.Server.post = real
 
 
 def share_at(changes: list[tuple[float, int]], level: int, t0: float, t1: float) -> float:

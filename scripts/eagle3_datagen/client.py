@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
+from . import http
 from .journal import Journal
 from .load import Concurrency, Load, Timeline, parse_loads
 from .settings import ClientSettings, canonical_json
@@ -309,10 +310,6 @@ class Slots:
                 fut.set_result(None)
 
 
-# Requests carry no aiohttp timeout (it would arm a timer per request): `Deadlines` keeps them.
-NO_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=None, sock_read=None, sock_connect=None)
-
-
 class Deadlines:
     """Request timeouts kept by one watchdog task instead of a timer per request (aiohttp arms one
     for every request with a timeout, and on uvloop that costs more than the rest of the request's
@@ -374,7 +371,7 @@ class GenerateClient:
         self.urls = [u.rstrip("/") for u in urls]
         self.template = template
         self.settings = settings
-        # Bodies go out as orjson bytes: aiohttp's json= would serialize them with the standard library.
+        # Every request's headers: bodies are JSON (orjson bytes), and the API key where one is set.
         self.headers = {"Content-Type": "application/json", **(headers or {})}
         self.label = label
         self.rng = rng or random.Random()
@@ -385,6 +382,7 @@ class GenerateClient:
         self.in_flight = 0
         self._load_paths: dict[str, str | None] = {}  # the load endpoint each server answers, None: none
         self._deadlines = Deadlines()
+        self._servers: dict[str, http.Server] = {}  # keep-alive connections for /generate, per server
         self.timeline = Timeline()
         self.control: Concurrency | None = None
 
@@ -397,7 +395,13 @@ class GenerateClient:
         base = min(self.settings.backoff_max_s, self.settings.backoff_initial_s * 2 ** (attempt - 1))
         return base * self.rng.uniform(0.5, 1.5)
 
-    async def _post(self, session: aiohttp.ClientSession, req: Request, attempt: int) -> tuple[int, bytes]:
+    def _server(self, url: str) -> http.Server:
+        server = self._servers.get(url)
+        if server is None:
+            server = self._servers[url] = http.Server(url, headers=self.headers)
+        return server
+
+    async def _post(self, req: Request, attempt: int) -> tuple[int, bytes]:
         body = {
             "input_ids": req.prompt_ids,
             "sampling_params": self.template.sampling_params(req),
@@ -410,18 +414,15 @@ class GenerateClient:
         self._deadlines.watch(task, timeout_s)
         self.in_flight += 1
         try:
-            async with session.post(
-                f"{self._url()}/generate", data=orjson.dumps(body), timeout=NO_TIMEOUT, headers=self.headers
-            ) as resp:
-                return resp.status, await resp.read()
+            return await self._server(self._url()).post("/generate", orjson.dumps(body))
         except asyncio.CancelledError:
             # The watchdog's cancellation alone is a timeout; any other (the job stopping) goes on.
             if self._deadlines.expired(task) and task.cancelling() <= 1:
                 task.uncancel()
                 raise RetryableError(f"timed out after {timeout_s:.0f} s") from None
             raise
-        except aiohttp.ClientError as exc:
-            raise RetryableError(f"connection error: {type(exc).__name__}: {exc}") from None
+        except http.HTTPError as exc:
+            raise RetryableError(f"connection error: {exc}") from None
         finally:
             self.in_flight -= 1
             self._deadlines.forget(task)
@@ -440,10 +441,9 @@ class GenerateClient:
 
     async def generate_one(
         self,
-        session: aiohttp.ClientSession,
         req: Request,
         progress: Progress | None = None,
-        slots: asyncio.Semaphore | None = None,
+        slots: "Slots | None" = None,
     ) -> dict:
         """Send one row until it succeeds, fails finally, or runs out of retries.
 
@@ -467,7 +467,7 @@ class GenerateClient:
                     held = True
                 try:
                     try:
-                        status, raw = await self._post(session, req, attempt)
+                        status, raw = await self._post(req, attempt)
                     finally:
                         release()
                     if slots is not None:
@@ -599,9 +599,8 @@ class GenerateClient:
         self.timeline = Timeline()
         if control.auto:
             progress.note = lambda: f" | concurrency {slots.limit} (auto), {control.retractions} retractions"
-        # Connections beyond the slots: a request that has given its slot back may still be
-        # closing its connection while the next one opens.
-        connector = aiohttp.TCPConnector(limit=2 * self.settings.cap)
+        # aiohttp only reads the servers' load: /generate goes through `http.Server`.
+        connector = aiohttp.TCPConnector(limit=2 * len(self.urls))
         errors: list[BaseException] = []
         syncing = False
         ready: deque[Request] = deque()  # follow-up requests, sent first
@@ -609,9 +608,9 @@ class GenerateClient:
         loop = asyncio.get_running_loop()
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="follow") if follow is not None else None
 
-        async def handle(session, req):
+        async def handle(req):
             nonlocal syncing
-            result = await self.generate_one(session, req, progress, slots)
+            result = await self.generate_one(req, progress, slots)
             control.retracted(result.get("num_retractions", 0))
             if keep_results:
                 results[req.key] = result
@@ -666,7 +665,7 @@ class GenerateClient:
                     if req is None:
                         slots.release()
                         break
-                    task = asyncio.create_task(handle(session, req))
+                    task = asyncio.create_task(handle(req))
                     tasks.add(task)
                     task.add_done_callback(done)
                 while tasks:
@@ -674,6 +673,8 @@ class GenerateClient:
             finally:
                 poller.cancel()
                 self._deadlines.close()
+                for server in self._servers.values():
+                    server.close()
                 for task in list(tasks):
                     task.cancel()
                 await asyncio.gather(poller, return_exceptions=True)

@@ -446,21 +446,20 @@ def test_a_timeout_is_a_retryable_error_but_a_stop_stays_a_stop():
             settings = ClientSettings.from_config(request_timeout_floor_s=0.2, request_timeout_per_token_s=0.0)
             client = GenerateClient([url], RequestTemplate({}, [1], 10), settings)
             req = Request("r", 0, [1], max_new_tokens=4, seed=1)
-            async with aiohttp.ClientSession() as session:
-                with pytest.raises(RetryableError, match="timed out after 0 s"):
-                    await client._post(session, req, 1)
-                task = asyncio.ensure_future(client._post(session, req, 2))
-                await asyncio.sleep(0.05)
-                client._deadlines._expired.add(task)  # the watchdog's cancellation ...
-                task.cancel()
-                task.cancel()  # ... and a stop at the same moment
-                outcome = (await asyncio.gather(task, return_exceptions=True))[0]
-                assert isinstance(outcome, asyncio.CancelledError)
-                task = asyncio.ensure_future(client._post(session, req, 3))
-                await asyncio.sleep(0.05)
-                task.cancel()  # a stop before the deadline
-                outcome = (await asyncio.gather(task, return_exceptions=True))[0]
-                assert isinstance(outcome, asyncio.CancelledError)
-                assert client.in_flight == 0 and not client._deadlines._deadlines
+            with pytest.raises(RetryableError, match="timed out after 0 s"):
+                await client._post(req, 1)
+            task = asyncio.ensure_future(client._post(req, 2))
+            await asyncio.sleep(0.05)
+            client._deadlines._expired.add(task)  # the watchdog's cancellation ...
+            task.cancel()
+            task.cancel()  # ... and a stop at the same moment
+            outcome = (await asyncio.gather(task, return_exceptions=True))[0]
+            assert isinstance(outcome, asyncio.CancelledError)
+            task = asyncio.ensure_future(client._post(req, 3))
+            await asyncio.sleep(0.05)
+            task.cancel()  # a stop before the deadline
+            outcome = (await asyncio.gather(task, return_exceptions=True))[0]
+            assert isinstance(outcome, asyncio.CancelledError)
+            assert client.in_flight == 0 and not client._deadlines._deadlines
 
     asyncio.run(main())
