@@ -139,3 +139,40 @@ def test_nothing_listening_and_bad_urls():
     assert Server("https://example.org/api").port == 443 and Server("http://[::1]:30000")._head_lines.startswith(
         b"Host: [::1]:30000"
     )
+
+
+def test_https_with_the_servers_certificate_checked(tmp_path):
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed: no certificate to serve")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+
+    async def main():
+        served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        served.load_cert_chain(cert, key)
+
+        async def handle(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]))
+            writer.write(ok(b'{"tls":true}'))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=served)
+        port = server.sockets[0].getsockname()[1]
+        trusted = ssl.create_default_context(cafile=str(cert))
+        answer = await Server(f"https://127.0.0.1:{port}", ssl_context=trusted).post("/generate", b"{}")
+        with pytest.raises(HTTPError, match="SSL|certificate"):  # an untrusted certificate is refused
+            await Server(f"https://127.0.0.1:{port}").post("/generate", b"{}")
+        server.close()
+        return answer
+
+    assert asyncio.run(main()) == (200, b'{"tls":true}')
