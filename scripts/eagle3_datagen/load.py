@@ -129,12 +129,17 @@ class Concurrency:
             return self.limit
         target = self.target(load)
         retractions, self._retractions = self._retractions, 0
+        # Grow only on a reading that has caught up with what was sent: requests still on their way
+        # are not in the server's counts, and a server that has not seen them looks like it has room.
+        caught_up = load.running + load.waiting + target >= in_flight
         if self.slow_start:
             if not retractions and load.waiting <= target:
-                if in_flight >= self.limit:
+                if in_flight >= self.limit and caught_up:
                     self.limit = min(self.cap, 2 * self.limit)
                 return self.limit
             self.slow_start = False  # the first sign of a full server
+        if not caught_up and not retractions and load.waiting <= target:
+            return self.limit  # the reading lags what was sent: it says nothing about the limit
         limit = load.running + target
         if retractions:
             # The scheduler ran out of KV cache and put requests back in its queue: what it runs
@@ -143,7 +148,7 @@ class Concurrency:
             # leaves KV cache idle; bench/README.md, concurrency.py.)
             self.cuts += 1
             limit = min(limit, self.limit)
-        elif load.waiting == 0 and in_flight >= self.limit:
+        elif load.waiting == 0 and in_flight >= self.limit and caught_up:
             # Every slot in use and nothing waits: the server could run more.
             limit = max(limit, self.limit + max(1, math.floor(self.limit * self.STEP)))
         self.limit = max(1, min(self.cap, limit))

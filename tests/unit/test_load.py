@@ -61,7 +61,20 @@ def test_auto_doubles_while_the_server_has_room_then_follows_what_it_runs():
     control.queue_target = 2
     control.QUEUE_SHARE = 0.0
     assert control.observe(Load(running=259, waiting=0), in_flight=259) == 259 + 12
-    assert control.observe(Load(running=60, waiting=0), in_flight=70) == 60 + 2  # fewer run: fewer sent
+    assert control.observe(Load(running=60, waiting=0), in_flight=60) == 60 + 2  # fewer run: fewer sent
+    # A reading behind what was sent (60 seen of 70, nothing waiting) leaves the limit as it is.
+    assert control.observe(Load(running=55, waiting=0), in_flight=70) == 62
+
+
+def test_auto_grows_only_on_readings_that_have_caught_up_with_what_was_sent():
+    control = Concurrency(1000, auto=True, queue_target=2, start=64)
+    # 64 sent, the server has seen 20 of them so far: it looks idle, but that says nothing yet.
+    assert control.observe(Load(running=20, waiting=0), in_flight=64) == 64
+    assert control.slow_start
+    assert control.observe(Load(running=63, waiting=0), in_flight=64) == 128  # caught up: room indeed
+    control.slow_start = False
+    assert control.observe(Load(running=100, waiting=0), in_flight=128) == 128  # 100 + 20 < 128 - 2: wait
+    assert control.observe(Load(running=127, waiting=0), in_flight=128) == 127 + 26
 
 
 def test_auto_backs_off_on_retractions_to_what_the_server_runs():
