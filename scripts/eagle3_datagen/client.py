@@ -311,11 +311,11 @@ class Slots:
 
 
 class Deadlines:
-    """Request timeouts kept by one watchdog task instead of a timer per request (aiohttp arms one
-    for every request with a timeout, and on uvloop that costs more than the rest of the request's
-    bookkeeping). A request past its deadline has its task cancelled, as aiohttp's own timeout
-    does, and `expired` then tells the cancellation from any other; the watchdog wakes every
-    `TICK_SHARE` of the shortest timeout being kept (at most once a second)."""
+    """Request timeouts kept by one watchdog task instead of a timer per request (a timer per
+    request, as aiohttp arms, costs more on uvloop than the rest of a request's bookkeeping). A
+    request past its deadline has its task cancelled, as asyncio's and aiohttp's timeouts do, and
+    `expired` then tells that cancellation from any other; the watchdog wakes every `TICK_SHARE` of
+    the shortest timeout being kept (at most once a second)."""
 
     TICK_SHARE = 0.05
 
@@ -543,8 +543,8 @@ class GenerateClient:
     async def _follow_load(self, session: aiohttp.ClientSession, control: Concurrency, slots: Slots) -> None:
         """Every `load_poll_s`: read the servers' load, move the limit (auto), note the timeline.
 
-        Without a load endpoint, auto can still follow retractions: it reads the load as a server
-        with room (nothing waiting), grows up to the cap and backs off on every retraction."""
+        Without a load endpoint, auto reads the load as a server running all it is sent with
+        nothing waiting: it grows up to the cap, and stops growing at retractions."""
         started = time.monotonic()
         warned = False
         while True:

@@ -34,6 +34,27 @@ def test_v1_loads_and_get_load_read_as_one_load_over_ranks():
             parse_loads(bad)
 
 
+def test_every_load_shape_the_engine_serves_reads_the_same():
+    """0.5.23's /v1/loads, 0.5.8's /v1/loads (no dp_rank, an aggregate) and 0.5.8's /get_load, as the
+    local engine writes them from one scheduler snapshot (checked against SGLang's source there)."""
+    from eagle3_datagen.engine import loads
+
+    scheduler = KVScheduler(8, 10_000, step_model=StepModel())
+    for key in range(12):
+        scheduler.add(key, 100, 50, 64)
+    scheduler.step()
+    snapshot = scheduler.load()
+    assert (snapshot["num_running_reqs"], snapshot["num_waiting_reqs"]) == (8, 4)
+    shapes = [
+        loads.v1_loads([snapshot], include=None, version="0.5.23"),
+        loads.legacy_v1_loads([snapshot], include=None, dp_rank=None, version="0.5.8"),
+        loads.get_load([snapshot]),
+    ]
+    read = [parse_loads(shape) for shape in shapes]
+    assert all((r.running, r.waiting, r.ranks) == (8, 4, 1) for r in read)
+    assert read[0].max_running == read[1].max_running == 8 and read[0].total_tokens == 10_000
+
+
 def test_a_fixed_concurrency_never_moves():
     control = Concurrency(16)
     control.retracted(5)
