@@ -172,7 +172,8 @@ def share_at(changes: list[tuple[float, int]], level: int, t0: float, t1: float)
     return at / (t1 - t0)
 
 
-def engine(tok_dir: Path, port: int, log_dir: Path, latency: str | None) -> ManagedServer:
+def engine(tok_dir: Path, port: int, log_dir: Path, latency: str | None, extra: tuple[str, ...] = ()) -> ManagedServer:
+    """The scripted engine on loopback (Qwen3 tokenizer), with an added latency and `extra` flags."""
     cmd = [
         sys.executable,
         "-m",
@@ -187,6 +188,7 @@ def engine(tok_dir: Path, port: int, log_dir: Path, latency: str | None) -> Mana
         str(port),
         "--context-length",
         "32768",
+        *extra,
         "--log-level",
         "WARNING",
     ]
