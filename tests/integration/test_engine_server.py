@@ -476,6 +476,30 @@ def test_model_backend_greedy_batch_equals_single_and_seeds(tok, tiny_model, tmp
     assert [rows[f"g{i}"]["output_ids"] for i in range(4)] == singles
 
 
+def test_model_backend_decodes_at_most_max_batch_rows_at_once(tok, tiny_model):
+    """A full batch admits nothing: the rest wait in the queue, as /v1/loads reports."""
+    sampling = {"max_new_tokens": 30, "temperature": 0.0, "ignore_eos": True}
+
+    async def fn(client):
+        tasks = [
+            asyncio.ensure_future(client.post("/generate", json={"input_ids": prompt(tok, f"Q{i}?"),
+                                                                 "sampling_params": sampling}))
+            for i in range(7)
+        ]  # fmt: skip
+        seen = []
+        while not all(t.done() for t in tasks):
+            load = (await (await client.get("/v1/loads")).json())["loads"][0]
+            seen.append((load["num_running_reqs"], load["num_waiting_reqs"]))
+            await asyncio.sleep(0.005)
+        answers = [await (await t).json() for t in tasks]
+        return seen, answers
+
+    seen, answers = serve(ModelBackend(tiny_model, max_batch=2), fn)
+    assert all(len(a["output_ids"]) == 30 for a in answers)
+    assert max(running for running, _ in seen) == 2
+    assert max(waiting for _, waiting in seen) >= 1  # the others did wait
+
+
 # ---------------------------------------------------------------------------------------------
 # The CLI, as a subprocess
 

@@ -164,7 +164,12 @@ class Backend:
 
     # -- worker
     def _take(self, block: bool, limit: int) -> list[Job]:
+        """Up to `limit` queued jobs (none when `limit` is 0: a full batch admits nothing)."""
         jobs: list[Job] = []
+        if limit <= 0:
+            if block:
+                self._closing.wait(0.001)
+            return jobs
         try:
             first = self._queue.get(timeout=0.1) if block else self._queue.get_nowait()
         except queue.Empty:
