@@ -10,9 +10,9 @@ over the servers of a job: requests running, requests waiting in its queue, KV t
 keeps the waiting queue at a small target (`client.queue_target` per rank, or a fifth of what
 runs): then the KV cache a finishing request frees always finds successors already queued, yet
 requests never wait long in the server (nor time out there, nor leave a multi-turn conversation's
-prefix to be evicted from its cache). Start-up doubles the limit while the queue is empty (slow
-start); after the first sign of a full server the limit follows what the server runs, and it
-never grows at a retraction.
+prefix to be evicted from its cache). Start-up doubles the limit while the queue is short (slow
+start); after the first sign of a full server (a queue over its target on two readings in a row,
+or a retraction) the limit follows what the server runs, and it never grows at a retraction.
 
 The endpoints (confirmed in SGLang's source):
 - `GET /v1/loads` (0.5.8 and later; 0.5.23 `srt/entrypoints/v1_loads.py`): {"loads": [one object per
@@ -109,6 +109,7 @@ class Concurrency:
         self.queue_target = max(0, queue_target)
         self.limit = min(cap, start or 8) if auto else cap
         self.slow_start = auto
+        self._queued_readings = 0  # slow start: readings in a row with the queue over its target
         self._retractions = 0
         self.retractions = 0  # all seen
         self.cuts = 0
@@ -134,8 +135,14 @@ class Concurrency:
         caught_up = load.running + load.waiting + target >= in_flight
         if self.slow_start:
             if not retractions and load.waiting <= target:
+                self._queued_readings = 0
                 if in_flight >= self.limit and caught_up:
                     self.limit = min(self.cap, 2 * self.limit)
+                return self.limit
+            self._queued_readings += 1
+            if not retractions and self._queued_readings < 2:
+                # A queue at one reading may be requests just sent that the server has not yet
+                # admitted: full is a queue that outlasts a poll interval (or a retraction).
                 return self.limit
             self.slow_start = False  # the first sign of a full server
         if not caught_up and not retractions and load.waiting <= target:
