@@ -235,6 +235,8 @@ def draw_load(frame, timelines: dict[str, list], path: Path) -> None:
     ax.legend(fontsize=8)
     for ax in (axes[0][0], axes[0][1], axes[1][0]):
         ax.set_xticks(x, categories, rotation=30, ha="right")
+        top = max((bar.get_height() for bar in ax.patches), default=0.0)
+        ax.set_ylim(0, top * 1.1 if top > 0 else 1.0)  # all zero (no retraction, no hit): a zero axis
     ax = axes[1][1]
     for category in categories:
         for label, cols in timelines.get(category, []):
