@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from . import parsers
 from .settings import ModelProfile
-from .templating import ChatTokenizer, batch_decode, token_id, token_ids
+from .templating import ChatTokenizer, batch_decode, stop_set, token_id
 
 
 def _template_text(tokenizer) -> str | None:
@@ -35,7 +35,8 @@ class ChatLayer:
         self.profile = profile
         self.chat = ChatTokenizer(tokenizer, profile)
         self.version = parsers.parse_version(profile.sglang_version)
-        self.stops = set(token_ids(tokenizer, profile.stop_tokens))
+        # SGLang's detokenizer trims whatever id matched, the model's eos as well as a stop token.
+        self.stops = set(stop_set(tokenizer, profile).ids)
         self.think_end = profile.reasoning_end or parsers.THINK_END
         try:
             self.think_end_id: int | None = token_id(tokenizer, self.think_end)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .settings import ModelProfile
 from .tables import Batching, count_rows, iter_batches, logged
-from .templating import ChatTokenizer, load_tokenizer, token_ids
+from .templating import ChatTokenizer, load_tokenizer, stop_set, token_ids
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ RULES = {
     "prompt_matches_template": "prompt_ids equal a fresh apply_chat_template of the row's messages",
     "prompt_suffix": "the prompt ends with the model profile's prompt_suffix",
     "no_prompt_only_tokens": "no output contains a prompt-only token",
-    "ends_with_stop": "an ok row ends with a stop token unless finish_type is length",
+    "ends_with_stop": "an ok row ends with an id the server stops on (a stop token or the model's eos) unless finish_type is length",
     "finish_matches_output": "a stop finish's matched token is the last output token",
     "ids_in_vocabulary": "every id lies inside the vocabulary",
     "within_budget": "no output is longer than the row's max_new_tokens",
@@ -82,7 +82,7 @@ class SequenceChecker:
         self.vocab = len(tokenizer)
         self.suffix = token_ids(tokenizer, profile.prompt_suffix)
         self.prompt_only = set(token_ids(tokenizer, profile.prompt_only_tokens))
-        self.stops = set(token_ids(tokenizer, profile.stop_tokens))
+        self.stops = set(stop_set(tokenizer, profile).ids)
         self.chat = ChatTokenizer(tokenizer, profile)
         self.tokenizer, self.profile = tokenizer, profile
         self._layer = None

@@ -69,7 +69,7 @@ KIMI_SPECIAL_TOKENS: dict[str, tuple[int, bool]] = {
     "<|tool_call_argument_begin|>": (163598, False),
     "<|tool_call_end|>": (163599, False),
     "<|im_middle|>": (163601, True),
-    "<|media_start|>": (163602, True),
+    "<|media_begin|>": (163602, True),
     "<|media_content|>": (163603, True),
     "<|media_end|>": (163604, True),
     "<|media_pad|>": (163605, True),
@@ -77,6 +77,17 @@ KIMI_SPECIAL_TOKENS: dict[str, tuple[int, bool]] = {
     "</think>": (163607, False),
     "[UNK]": (163838, True),
     "[PAD]": (163839, True),
+}
+
+# The token-id fields of Kimi-K2.5's config.json (its architecture fields are left out: no model
+# weights come with the tokenizer fixtures).
+KIMI_MODEL_TOKEN_CONFIG = {
+    "architectures": ["KimiK25ForConditionalGeneration"],
+    "model_type": "kimi_k25",
+    "bos_token_id": 163584,
+    "eos_token_id": 163585,
+    "pad_token_id": 163839,
+    "media_placeholder_token_id": 163605,
 }
 
 DEFAULT_SYSTEM_PROMPT = "You are Kimi, an AI assistant created by Moonshot AI."
@@ -256,7 +267,7 @@ def _write_kimi_tokenizer(out_dir: Path) -> None:
         "split_special_tokens": False,
         "model_max_length": 262144,
         "bos_token": "[BOS]",
-        "eos_token": "<|im_end|>",
+        "eos_token": "[EOS]",
         "pad_token": "[PAD]",
         "unk_token": "[UNK]",
         "added_tokens_decoder": {
@@ -269,7 +280,7 @@ def _write_kimi_tokenizer(out_dir: Path) -> None:
         json.dump(config, f, ensure_ascii=False, indent=2)
     special_map = {
         "bos_token": "[BOS]",
-        "eos_token": "<|im_end|>",
+        "eos_token": "[EOS]",
         "pad_token": "[PAD]",
         "unk_token": "[UNK]",
     }
@@ -303,9 +314,9 @@ def _write_kimi_tiktoken_tokenizer(out_dir: Path) -> None:
         "tokenizer_class": "TikTokenTokenizer",
         "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
         "bos_token": "[BOS]",
-        # As the Kimi-shaped fixture: the end of a turn is the end of a sequence (SGLang adds the
-        # tokenizer's eos to the stop ids, so it must be one of the profile's stop tokens).
-        "eos_token": "<|im_end|>",
+        # As in Kimi-K2.5's own tokenizer_config.json: the sequence's end is [EOS], not the turn's
+        # end <|im_end|>; SGLang stops on both (templating.stop_set).
+        "eos_token": "[EOS]",
         "pad_token": "[PAD]",
         "unk_token": "[UNK]",
         "model_max_length": 262144,
@@ -317,6 +328,9 @@ def _write_kimi_tiktoken_tokenizer(out_dir: Path) -> None:
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     (out_dir / "chat_template.jinja").write_text(KIMI_CHAT_TEMPLATE)
+    # The model config beside it, with the fields of Kimi-K2.5's config.json that name token ids:
+    # its eos_token_id is [EOS] (163585), which SGLang adds to the ids it stops on.
+    (out_dir / "config.json").write_text(json.dumps(KIMI_MODEL_TOKEN_CONFIG, indent=2))
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -331,8 +345,9 @@ def build_kimi_tiktoken_tokenizer(out_dir: Path) -> Path:
     A ``tiktoken.model`` rank file (Qwen3's byte-level BPE as ranks 0..151642, unreachable fillers up
     to 163583), the remote-code module ``tokenization_kimi.py`` (a slow ``PreTrainedTokenizer`` over
     ``tiktoken.Encoding``: no ``tokenizer.json``, no ``backend_tokenizer``; 256 special ids from
-    163584, named by ``added_tokens_decoder``), ``tokenizer_config.json`` with ``auto_map``, and the
-    Kimi-shaped chat template as ``chat_template.jinja``. Loads only with ``trust_remote_code=True``.
+    163584, named by ``added_tokens_decoder``), ``tokenizer_config.json`` with ``auto_map`` and the real
+    eos ``[EOS]``, the Kimi-shaped chat template as ``chat_template.jinja``, and a ``config.json`` with
+    the real file's token ids (eos 163585). Loads only with ``trust_remote_code=True``.
     """
     t0 = time.monotonic()
     out = _atomic_build(Path(out_dir), _write_kimi_tiktoken_tokenizer)
@@ -656,8 +671,12 @@ def _write_demo_model(out_dir: Path, *, steps: int, seed: int) -> None:
     model = Qwen3ForCausalLM(cfg)
     if steps > 0:
         _train(model, tok, steps=steps, seed=seed)
+    # config.json names the sequence's end [EOS] (as Kimi-K2.5's does); generation_config.json the
+    # turn's end, where a chat model's generate() stops. SGLang stops on both.
     model.generation_config = GenerationConfig(
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.pad_token_id,
     )
     model.save_pretrained(out_dir)
     for f in out_dir.iterdir():

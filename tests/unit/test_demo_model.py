@@ -27,7 +27,7 @@ EXPECTED_IDS = {
     "<|tool_call_argument_begin|>": 163598,
     "<|tool_call_end|>": 163599,
     "<|im_middle|>": 163601,
-    "<|media_start|>": 163602,
+    "<|media_begin|>": 163602,
     "<|media_content|>": 163603,
     "<|media_end|>": 163604,
     "<|media_pad|>": 163605,
@@ -119,7 +119,7 @@ def test_kimi_token_ids(tok) -> None:
         assert tok.convert_ids_to_tokens(idx) == token
     assert tok.convert_ids_to_tokens(151643) == "<|reserved_token_151643|>"
     assert tok.convert_ids_to_tokens(163589) == "<|reserved_token_163589|>"
-    assert (tok.eos_token, tok.eos_token_id) == ("<|im_end|>", 163586)
+    assert (tok.eos_token, tok.eos_token_id) == ("[EOS]", 163585)  # as in Kimi-K2.5's tokenizer_config.json
     assert (tok.pad_token, tok.pad_token_id) == ("[PAD]", 163839)
     assert (tok.bos_token, tok.bos_token_id) == ("[BOS]", 163584)
     assert (tok.unk_token, tok.unk_token_id) == ("[UNK]", 163838)
@@ -166,7 +166,7 @@ def test_generation_prompt_ends_with_think(tok) -> None:
     assert off[-len(tail) - 2 :] == tail + _ids(tok, "<think>", "</think>")
     on = _render(tok, msgs, add_generation_prompt=True, thinking=True)
     assert on == ids
-    assert _render(tok, msgs, add_generation_prompt=False)[-1] == tok.eos_token_id
+    assert _render(tok, msgs, add_generation_prompt=False)[-1] == tok.convert_tokens_to_ids("<|im_end|>")
 
 
 def test_template_text_layout(tok) -> None:
@@ -252,7 +252,7 @@ def test_tool_call_in_history_uses_single_control_ids(tok) -> None:
         assert ids.count(control) == 1
     assert ids.index(begin) < ids.index(call_begin) < ids.index(arg_begin) < ids.index(call_end) < ids.index(end)
     assert ids[ids.index(begin) - 1] == tok.convert_tokens_to_ids("</think>")
-    assert ids[ids.index(end) + 1] == tok.eos_token_id
+    assert ids[ids.index(end) + 1] == tok.convert_tokens_to_ids("<|im_end|>")
     # dict arguments are rendered as JSON; the tool message without a name falls back to 'tool'
     text = tok.decode(ids)
     assert '<|tool_call_argument_begin|>{"query": "tallest mountain"}<|tool_call_end|>' in text
@@ -320,9 +320,9 @@ def test_demo_model_generates(demo_model_dir: Path) -> None:
     config = AutoConfig.from_pretrained(demo_model_dir)
     assert config.model_type == "qwen3"
     assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (2, 64, 163840)
-    assert config.eos_token_id == 163586 and config.pad_token_id == 163839
+    assert config.eos_token_id == 163585 and config.pad_token_id == 163839  # [EOS], as Kimi-K2.5's config.json
     gen_cfg = json.loads((demo_model_dir / "generation_config.json").read_text())
-    assert gen_cfg["eos_token_id"] == 163586
+    assert gen_cfg["eos_token_id"] == 163586  # the turn's end, where generate() stops
 
     tok = AutoTokenizer.from_pretrained(demo_model_dir)
     model = AutoModelForCausalLM.from_pretrained(demo_model_dir).eval()
@@ -350,7 +350,7 @@ def test_demo_model_generates(demo_model_dir: Path) -> None:
         assert new and all(0 <= t < 163840 for t in new)
         outputs.append(new)
     # the format training took: a plain question gets reasoning, </think>, an answer, <|im_end|>
-    assert think_end in outputs[0] and outputs[0][-1] == tok.eos_token_id
+    assert think_end in outputs[0] and outputs[0][-1] == tok.convert_tokens_to_ids("<|im_end|>")  # the turn's end
     assert think_end in outputs[1]
 
 
@@ -358,7 +358,7 @@ def test_cli_builds_tokenizer(tmp_path: Path) -> None:
     out = tmp_path / "kimi"
     fixtures.main(["kimi-tokenizer", str(out)])
     config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
-    assert config["eos_token"] == "<|im_end|>"
+    assert config["eos_token"] == "[EOS]"
     assert config["chat_template"] == fixtures.KIMI_CHAT_TEMPLATE
     with pytest.raises(SystemExit):
         fixtures.main(["demo-model", str(tmp_path / "m"), "--steps", "-1"])

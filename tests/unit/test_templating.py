@@ -1,5 +1,7 @@
 """Client-side chat templating: exact prompt ids, the Kimi-K2.5 <think> suffix, literal control text kept as text."""
 
+import json
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -242,3 +244,41 @@ def test_batch_decode_is_the_tokenizers_own(request, fixture_name):
         assert batch_decode(tok, sequences, skip_special_tokens=skip) == [
             tok.decode(s, skip_special_tokens=skip) for s in sequences
         ]
+
+
+def test_the_stop_set_is_every_id_sglang_stops_on(qwen3, tmp_path):
+    """The profile's stop tokens, the tokenizer's eos, config.json and generation_config.json
+    eos_token_id (an int or a list) and SGLang's additional turn-final markers; the same set as the
+    local engine derives for itself, as SGLang's scheduler does."""
+    from eagle3_datagen.engine.protocol import read_eos_token_ids
+    from eagle3_datagen.templating import stop_set
+
+    tokenizer, profile = qwen3
+    folder = tmp_path / "model"
+    tokenizer.save_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    tok.add_special_tokens({"additional_special_tokens": ["<|eom_id|>"]})
+    tok.save_pretrained(folder)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    profile = ModelProfile(name="q", tokenizer=str(folder), context_length=4096, stop_tokens=("<|im_end|>",))
+
+    found = stop_set(tok, profile)
+    eom = tok.convert_tokens_to_ids("<|eom_id|>")
+    assert found.sources == {
+        "model.stop_tokens": [151645],
+        "tokenizer.eos_token": [151645],
+        "config.json": None,
+        "generation_config.json": None,
+        "additional_stop_tokens": [eom],
+    }
+    (folder / "config.json").write_text(json.dumps({"eos_token_id": 151643}))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
+    found = stop_set(tok, profile)
+    assert found.ids == {151643, 151645, eom}
+    assert found.sources["config.json"] == [151643] and found.sources["generation_config.json"] == [151643, 151645]
+    engine = read_eos_token_ids(folder, tok.eos_token_id, tok.get_added_vocab())
+    assert engine | {151645} == found.ids
+
+    (folder / "config.json").write_text(json.dumps({"eos_token_id": "<|im_end|>"}))
+    with pytest.raises(ValueError, match="config.json: eos_token_id must be"):
+        stop_set(tok, profile)

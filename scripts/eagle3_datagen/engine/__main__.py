@@ -75,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--token-delay-ms", type=float, default=0.0, help="pace of the scripted backend per token")
     p.add_argument(
+        "--eos-rate",
+        type=_rate,
+        default=0.0,
+        help="scripted: share of answers that end on the model's eos instead of the turn's end, where they "
+        "differ (Kimi-K2.5: [EOS] instead of <|im_end|>)",
+    )
+    p.add_argument(
         "--canned",
         action="store_true",
         help="scripted, speed mode: plan one answer (from the first request) and give it to every request, "
@@ -168,6 +175,7 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
             tokenizer_dir,
             model_dir=args.model_dir,
             token_delay_s=args.token_delay_ms / 1000.0,
+            eos_rate=args.eos_rate,
             max_batch=args.max_batch,
             trust_remote_code=args.trust_remote_code,
             deterministic=args.enable_deterministic_inference,

@@ -270,6 +270,7 @@ class ScriptedBackend(Backend):
         max_batch: int = 16,
         ramble_rate: float = 0.15,
         tool_rate: float = 0.5,
+        eos_rate: float = 0.0,
         trust_remote_code: bool = False,
         deterministic: bool = False,
         answer_tokens: tuple[int, int] | None = None,
@@ -295,6 +296,7 @@ class ScriptedBackend(Backend):
         self.token_delay_s = token_delay_s
         self.ramble_rate = ramble_rate
         self.tool_rate = tool_rate
+        self.eos_rate = eos_rate
 
     def load(self) -> None:
         tok = load_tokenizer(self.tokenizer_dir, self.trust_remote_code)
@@ -304,7 +306,9 @@ class ScriptedBackend(Backend):
         self.model_type = cfg.get("model_type")
         self.architectures = cfg.get("architectures")
         self.eos_token_ids = protocol.read_eos_token_ids(
-            self.model_dir if self.model_dir is not None else self.tokenizer_dir, tok.eos_token_id
+            self.model_dir if self.model_dir is not None else self.tokenizer_dir,
+            tok.eos_token_id,
+            tok.get_added_vocab(),
         )
 
         def tid(token: str) -> int | None:
@@ -408,17 +412,25 @@ class ScriptedBackend(Backend):
             planned += self.enc("Let me check.") + tool
         else:
             planned += self.enc("\n\n") + self._words(rng, rng.randint(2, 20))
-        stop = self._preferred_stop(job)
+        stop = self._preferred_stop(job, rng)
         if stop is not None:
             planned.append(stop)
         return planned
 
-    def _preferred_stop(self, job: Job) -> int | None:
-        candidates = set(self.eos_token_ids) | set(job.params.stop_token_ids)
+    def _preferred_stop(self, job: Job, rng: random.Random) -> int | None:
+        """The id an answer ends on: its turn's end, as a chat model ends a turn — the tokenizer's eos
+        where the request stops on it (Qwen3's eos is its turn end <|im_end|>), else the request's
+        stop token (Kimi-K2.5 ends a turn with <|im_end|>; its eos is [EOS]). With `eos_rate`, an
+        answer ends on the model's eos instead where that differs, as a real answer sometimes does."""
+        requested = set(job.params.stop_token_ids)
+        candidates = set(self.eos_token_ids) | requested
         if not candidates:
             return None
         eos = self.tokenizer.eos_token_id
-        return eos if eos in candidates else min(candidates)
+        turn_end = eos if eos in candidates and (eos in requested or not requested) else min(requested or candidates)
+        if self.eos_rate and eos in self.eos_token_ids and eos != turn_end and rng.random() < self.eos_rate:
+            return eos
+        return turn_end
 
     # -- whole answers
     def answer(self, job: Job) -> tuple[list[int], dict[str, Any]]:
@@ -682,7 +694,9 @@ class ModelBackend(Backend):
         self.model_type = cfg.get("model_type")
         self.architectures = cfg.get("architectures")
         self.vocab_size = int(model.config.vocab_size)
-        self.eos_token_ids = protocol.read_eos_token_ids(self.model_dir, self.tokenizer.eos_token_id)
+        self.eos_token_ids = protocol.read_eos_token_ids(
+            self.model_dir, self.tokenizer.eos_token_id, self.tokenizer.get_added_vocab()
+        )
 
     # -- cache surgery
     @staticmethod

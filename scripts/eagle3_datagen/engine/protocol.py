@@ -801,11 +801,19 @@ class PreparedResponse:
 # Model facts.
 
 
-def read_eos_token_ids(model_dir: Path | None, tokenizer_eos_id: int | None) -> frozenset:
-    """model_config._get_hf_eos_token_id plus `tokenizer.eos_token_id` (schedule_batch checks it).
+# Turn-final markers SGLang adds to the tokenizer's stop ids when its added vocabulary holds them
+# (0.5.23 `utils/hf_transformers/common.py` `attach_additional_stop_token_ids`).
+ADDITIONAL_STOP_TEXTS = ("<|eom_id|>", "<|content_model_end_sampling|>", "<|ifm|im_end|>")
 
-    Union of config.json and generation_config.json `eos_token_id` (int or list) and the
-    tokenizer's eos id.
+
+def read_eos_token_ids(
+    model_dir: Path | None, tokenizer_eos_id: int | None, added_vocab: dict[str, int] | None = None
+) -> frozenset:
+    """model_config._get_hf_eos_token_id plus what `Req._check_token_based_finish` adds from the
+    tokenizer: its `eos_token_id` and `additional_stop_token_ids`.
+
+    Union of config.json and generation_config.json `eos_token_id` (int or list), the tokenizer's
+    eos id, and the additional turn-final markers found in its added vocabulary.
     """
     ids: set = set()
     for name in ("config.json", "generation_config.json"):
@@ -818,4 +826,5 @@ def read_eos_token_ids(model_dir: Path | None, tokenizer_eos_id: int | None) -> 
         ids.update([value] if isinstance(value, int) else value)
     if tokenizer_eos_id is not None:
         ids.add(int(tokenizer_eos_id))
+    ids.update(added_vocab[text] for text in ADDITIONAL_STOP_TEXTS if text in (added_vocab or {}))
     return frozenset(int(i) for i in ids)
