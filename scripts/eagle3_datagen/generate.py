@@ -27,6 +27,7 @@ from .plan_generation import (
     shard_of,
     shard_rows,
 )
+from .prompts import without_source
 from .servers import api_key, attempt_logs, job_facts, seeds_honoured, server_provenance, servers, terminate_on_sigterm
 from .settings import ClientSettings, ModelProfile, stable_hash
 from .tables import (
@@ -78,6 +79,9 @@ def assemble(
                 "error": p["reason"],
                 "attempts": 0,
             }
+            # A conversation that ends before its first turn is sent (its first prompt is too long,
+            # say) loses its later turns as one that ends later does: each is a row with the reason.
+            yield from _unreached_turns(base, 1, rows_of(p), f"turn 0 was not sent: {without_source(p['reason'])}")
             continue
         conversation = builder.start(p)
         for step in walk(conversation, result_of):
@@ -103,19 +107,24 @@ def assemble(
                 "status": r["status"],
                 "error": r.get("error", ""),
             }
-        for turn in range(conversation.turn + 1, conversation.turns):
-            yield {
-                **base,
-                "turn": turn,
-                "messages": "",
-                "prompt_ids": [],
-                "seed": 0,
-                "max_new_tokens": 0,
-                "output_ids": [],
-                "status": "skipped",
-                "error": f"conversation ended: {conversation.end_reason}",
-                "attempts": 0,
-            }
+        yield from _unreached_turns(base, conversation.turn + 1, conversation.turns, conversation.end_reason)
+
+
+def _unreached_turns(base: dict, first: int, turns: int, why: str | None) -> Iterator[dict]:
+    """Skipped rows for the turns `first`..`turns - 1` that a conversation did not reach, and why it ended."""
+    for turn in range(first, turns):
+        yield {
+            **base,
+            "turn": turn,
+            "messages": "",
+            "prompt_ids": [],
+            "seed": 0,
+            "max_new_tokens": 0,
+            "output_ids": [],
+            "status": "skipped",
+            "error": f"conversation ended: {why}",
+            "attempts": 0,
+        }
 
 
 def journalled_result(journal: Journal) -> Callable[[Request], dict | None]:
@@ -361,8 +370,9 @@ class _ShardRows:
 
 
 def rows_of(prompt_row: dict) -> int:
-    """Generations rows of a prompts row: one per turn of a usable conversation, one for a skipped row."""
-    return len(prompt_row["turn_ends"] or [0]) if prompt_row["status"] == "ok" else 1
+    """Generations rows of a prompts row: one per turn of its conversation (a row that could not be
+    read as a conversation has no turns: one)."""
+    return len(prompt_row["turn_ends"] or [0])
 
 
 def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: Path, batch: dict | None = None) -> None:

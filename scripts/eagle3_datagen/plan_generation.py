@@ -146,7 +146,7 @@ def make_plan(rows: Iterable[dict], builder: TurnBuilder, journal: Journal | Non
     reusable = journalled(journal)
     for row in rows:
         if row["status"] != "ok":
-            result.skipped += 1
+            result.skipped += len(row["turn_ends"] or [0])  # every turn of a skipped conversation
             continue
         conversation = builder.start(row)
         for step in walk(conversation, reusable):

@@ -215,7 +215,8 @@ def build_prompt_rows(
                     "tools": json.dumps(row.tools, ensure_ascii=False) if row.tools else "",
                     "messages_sha256": stable_hash([row.messages, row.tools]),
                     "prompt_ids": prompt_ids,
-                    "turn_ends": ends.get(id(row), []) if reason is None else [],
+                    # Kept for a conversation skipped before its first turn too: each turn is a row.
+                    "turn_ends": ends.get(id(row), []),
                     "n_prompt_tokens": len(prompt_ids),
                     "max_new_tokens": max_new,
                     "seed": row_seed(base_seed, row.id, sample_index),

@@ -10,7 +10,7 @@ from eagle3_datagen.engine.backends import ScriptedBackend
 from eagle3_datagen.engine.server import Faults
 from eagle3_datagen.export_dataset import Filters, split_rows
 from eagle3_datagen.generate import TooManyFailures, assemble, generate, merge_shards
-from eagle3_datagen.plan_generation import make_builder, shard_of
+from eagle3_datagen.plan_generation import make_builder, make_plan, shard_of
 from eagle3_datagen.settings import ModelProfile, defaults
 from eagle3_datagen.tables import read_provenance, read_rows
 from engine_thread import running_engine
@@ -195,3 +195,33 @@ def test_assemble_keeps_prompt_order_and_every_reason(make_prompts):
     assert json.loads(rows[0]["sampling"]) == SAMPLING
     with pytest.raises(RuntimeError, match="has no result"):
         list(assemble(prompt_rows, builder, lambda req: None))
+
+
+def test_a_conversation_that_ends_before_its_first_turn_has_a_row_for_every_turn(make_prompts):
+    """Its first prompt does not fit the context: each of its three turns is a skipped row with the
+    reason, as for a conversation that stops fitting at a later turn; the plan counts them all."""
+    long_first = [
+        {"role": "user", "content": "word " * 400},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "and?"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "thanks"},
+    ]
+    prompts, model = make_prompts(
+        conversations(1) + [{"id": "long", "messages": long_first}], turns="all", context_length=256
+    )
+    prompt_rows = read_rows(prompts)
+    builder = make_builder(
+        read_provenance(prompts),
+        ModelProfile.from_config(model),
+        SAMPLING,
+        defaults("engine", kind="external", external={"urls": ["x"]}),
+        {"max_new_tokens": 32, "min_new_tokens": 4, "reserve_tokens": 2},
+    )
+    answer = {"status": "ok", "output_ids": [5, 151645], "finish_type": "stop", "finish_matched": "151645"}
+    rows = list(assemble(prompt_rows, builder, lambda req: answer))
+    long_rows = [r for r in rows if r["id"] == "long"]
+    assert [(r["turn"], r["status"]) for r in long_rows] == [(0, "skipped"), (1, "skipped"), (2, "skipped")]
+    assert "over-long" in long_rows[0]["error"]
+    assert all(r["error"].startswith("conversation ended: turn 0 was not sent: over-long") for r in long_rows[1:])
+    assert make_plan(prompt_rows, builder, None).skipped == 3
