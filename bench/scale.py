@@ -20,6 +20,13 @@ batch (config `batch`), so it is projected as measured.
 
     .venv/bin/python bench/scale.py [--rows 100000] [--small 2000] [--answer-tokens 1000:16000]
                                     [--dir /tmp/eagle3-scale] [--out bench/scale.json]
+
+The real-data run takes a real prompt file instead of synthetic rows: ShareGPT's 17,671
+conversations (`python tests/realdata.py` writes them), every turn regenerated on the model's own
+answers (`turns: all`), with their real lengths, languages and quirks:
+
+    .venv/bin/python bench/scale.py --real .cache/realdata/sharegpt.json --answer-tokens 200:2000 \
+        --max-new-tokens 4096 --out bench/scale_real.json
 """
 
 import argparse
@@ -75,18 +82,25 @@ def synthetic_rows(n: int, seed: int = 0) -> list[dict]:
     return rows
 
 
-def run_dag(path: Path, rows: int, answer_tokens: str, max_new_tokens: int) -> dict:
+def run_dag(path: Path, rows: int | Path, answer_tokens: str, max_new_tokens: int) -> dict:
+    """The whole DAG on `rows` synthetic rows, or on a real prompt file (every turn regenerated)."""
     if path.exists():
         shutil.rmtree(path)
+    real = rows if isinstance(rows, Path) else None
     wd = Workdir(
         path,
         tokenizer=qwen3_tokenizer_dir(),
         model_dir=None,
         backend="scripted",
-        categories={"scale": synthetic_rows(rows)},
+        categories={"scale": [] if real else synthetic_rows(rows)},
         plain_qwen3=True,
         engine_args=f"--answer-tokens {answer_tokens}",
     )
+    if real:
+        target = path / "config" / "prompts" / f"scale{real.suffix}"
+        shutil.copyfile(real, target)
+        (path / "config" / "categories.tsv").write_text(f"category\tprompts\nscale\tconfig/prompts/{target.name}\n")
+        wd.config["turns"] = "all"
     wd.config["max_new_tokens"] = max_new_tokens
     wd.config["model"]["context_length"] = 32768
     wd.config["engine"]["startup_timeout_s"] = 600
@@ -109,7 +123,8 @@ def run_dag(path: Path, rows: int, answer_tokens: str, max_new_tokens: int) -> d
             "child_peak_rss_mb": float(peak.group(2) or 0),
             "snakemake_max_rss_mb": float(row["max_rss"]) if row["max_rss"] != "NA" else None,
         }
-    return {"path": str(path), "rows": rows, "total_s": round(total, 1), "jobs": jobs, **sizes(path)}
+    found = sizes(path)
+    return {"path": str(path), "source": str(real or "synthetic"), "total_s": round(total, 1), "jobs": jobs, **found}
 
 
 def sizes(path: Path) -> dict:
@@ -121,9 +136,14 @@ def sizes(path: Path) -> dict:
     table = pq.read_table(gens, columns=["prompt_ids", "output_ids", "status"])
     prompt_tokens = int(pc.sum(pc.list_value_length(table["prompt_ids"])).as_py() or 0)
     output_tokens = int(pc.sum(pc.list_value_length(table["output_ids"])).as_py() or 0)
-    with open(path / "results" / "dataset" / "train.jsonl", "rb") as fh:
+    train = path / "results" / "train" / "train.jsonl"
+    with open(train, "rb") as fh:
         train_rows = sum(1 for _ in fh)
+    prompts = pq.read_table(path / "results" / "prompts" / "scale.parquet", columns=["status"])
     return {
+        "rows": table.num_rows,  # generations rows: one per turn
+        "conversations": prompts.num_rows,
+        "statuses": {s: int(n) for s, n in zip(*pc.value_counts(table["status"]).flatten())},
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
         "train_rows": train_rows,
@@ -132,7 +152,7 @@ def sizes(path: Path) -> dict:
             "cache": du(path / "cache"),
             "generations.parquet": gens.stat().st_size,
             "dataset jsonl": (path / "results" / "dataset" / "scale.jsonl").stat().st_size,
-            "train.jsonl": (path / "results" / "dataset" / "train.jsonl").stat().st_size,
+            "train.jsonl": train.stat().st_size,
         },
     }
 
@@ -241,17 +261,27 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the working directories")
     parser.add_argument("--project-rows", type=int, default=88_000)
     parser.add_argument("--project-tokens", type=int, default=10_000)
+    parser.add_argument(
+        "--real",
+        type=Path,
+        help="a real prompt file (.cache/realdata/sharegpt.json: `python tests/realdata.py` writes it): the DAG "
+        "runs on it, every turn regenerated, instead of on --rows synthetic rows (no --small run)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     results = {"args": {k: str(v) for k, v in vars(args).items()}}
     small = None
+    if args.real:
+        args.small = 0
     if args.small:
         small = run_dag(args.dir / f"rows{args.small}", args.small, args.answer_tokens, args.max_new_tokens)
         results["small"] = small
         print(json.dumps(small, indent=1), flush=True)
         if not args.keep:
             shutil.rmtree(small["path"])
-    run = run_dag(args.dir / f"rows{args.rows}", args.rows, args.answer_tokens, args.max_new_tokens)
+    source = args.real.resolve() if args.real else args.rows
+    name = f"real-{args.real.stem}" if args.real else f"rows{args.rows}"
+    run = run_dag(args.dir / name, source, args.answer_tokens, args.max_new_tokens)
     results["run"] = run
     results["baselines"] = base = baselines(run)
     results["table"] = table(run, base, small)
