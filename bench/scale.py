@@ -143,7 +143,7 @@ def sizes(path: Path) -> dict:
     return {
         "rows": table.num_rows,  # generations rows: one per turn
         "conversations": prompts.num_rows,
-        "statuses": {s: int(n) for s, n in zip(*pc.value_counts(table["status"]).flatten())},
+        "statuses": {d["values"]: d["counts"] for d in pc.value_counts(table["status"]).to_pylist()},
         "prompt_tokens": prompt_tokens,
         "output_tokens": output_tokens,
         "train_rows": train_rows,
