@@ -34,6 +34,7 @@ rule tokenize_prompts:
         samples_per_prompt=get_param("samples_per_prompt"),
         seed=get_param("seed"),
         on_bad_rows=get_param("on_bad_rows"),
+        max_unexpected_row_share=get_param("max_unexpected_row_share"),
         allow_empty=get_param("allow_empty"),
         reading=get_param("reading"),
         turns=get_param("turns"),

@@ -17,12 +17,28 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_CACHE = REPO_ROOT / ".cache" / "fixtures"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Property-based tests. The suite's profile draws the same examples every run (a failure reproduces,
+# a pass stays a pass) and few of them, so that all of them add seconds, not minutes, on a loaded
+# 2-core machine; a slow example is the machine's, not the code's, hence no deadline. `deep` draws
+# many random examples, for a run by hand: HYPOTHESIS_PROFILE=deep pytest tests/unit/test_prompt_fuzz.py
+settings.register_profile(
+    "default", deadline=None, derandomize=True, max_examples=25, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "deep",
+    deadline=None,
+    max_examples=3000,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def _builder_key() -> str:

@@ -25,6 +25,10 @@ class BadRows(ValueError):
     """Rows that cannot be used, under `on_bad_rows: fail`."""
 
 
+class UnexpectedRows(BadRows):
+    """More rows skipped by unexpected errors (possibly a bug) than `max_unexpected_row_share` allows."""
+
+
 def tokenize_prompts(
     *,
     source: Path,
@@ -39,8 +43,13 @@ def tokenize_prompts(
     reading: dict | None = None,
     turns: str = "last",
     batch: dict | None = None,
+    max_unexpected_row_share: float = 0.01,
 ) -> None:
-    """Tokenize one category's prompt file `source` into the prompts table `prompts`, a batch at a time."""
+    """Tokenize one category's prompt file `source` into the prompts table `prompts`, a batch at a time.
+
+    Rows skipped by an unexpected error (prompts.PromptRow.unexpected: not a foreseen problem of the
+    row, possibly a bug) are counted apart; past `max_unexpected_row_share` of the rows they fail
+    the category, whatever `on_bad_rows` says."""
     profile = ModelProfile.from_config(model)
     tokenizer = load_tokenizer(profile)
     chat = ChatTokenizer(tokenizer, profile)
@@ -64,6 +73,12 @@ def tokenize_prompts(
             )
             tally.add(rows, table)
             writer.write(table)
+        if tally.unexpected > max_unexpected_row_share * tally.rows:
+            raise UnexpectedRows(
+                f"{tally.unexpected} of {tally.rows} rows of {source} were skipped by an unexpected error, more than "
+                f"max_unexpected_row_share {max_unexpected_row_share}: possibly a bug; each traceback is in the log. "
+                "First:\n  " + "\n  ".join(tally.first_unexpected)
+            )
         if tally.skipped and tally.skipped == tally.rows and not allow_empty:
             raise BadRows(
                 f"{source}: none of its {tally.rows} rows can be used (set allow_empty_categories: true to let a "
@@ -88,6 +103,7 @@ def tokenize_prompts(
             "allow_empty": allow_empty,
             "reading": reading,
             "turns": turns,
+            "max_unexpected_row_share": max_unexpected_row_share,
         }
         provenance = {
             "prompts_file": str(source),
@@ -96,6 +112,7 @@ def tokenize_prompts(
             "normalization": tally.normalization,
             "turns": turns,
             "max_turns": tally.max_turns,
+            "unexpected_rows": tally.unexpected,
             "params": params,
         }
         writer.close(provenance)
@@ -118,12 +135,19 @@ class Tally:
 
     def __init__(self):
         self.rows = self.skipped = self.prompt_tokens = self.max_turns = 0
+        self.unexpected = 0  # rows skipped by an unexpected error (PromptRow.unexpected), also in `skipped`
         self.reasons: Counter = Counter()
         self.first_skipped: list[str] = []
+        self.first_unexpected: list[str] = []
         self.normalization: dict[str, int] = {}
 
     def add(self, rows: list[PromptRow], table: list[dict]) -> None:
         self.rows += len(rows)
+        for row in rows:
+            if row.unexpected:
+                self.unexpected += 1
+                if len(self.first_unexpected) < 10:
+                    self.first_unexpected.append(row.reason)
         for kind, n in normalization_counts(rows).items():
             self.normalization[kind] = self.normalization.get(kind, 0) + n
         for r in table:

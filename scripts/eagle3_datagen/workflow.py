@@ -109,6 +109,7 @@ PARAMS = {
     "samples_per_prompt": _samples_per_prompt,
     "seed": lambda config, category: int(config["seed"]),
     "on_bad_rows": lambda config, category: config["on_bad_rows"],
+    "max_unexpected_row_share": lambda config, category: float(config["max_unexpected_row_share"]),
     "allow_empty": lambda config, category: bool(config["allow_empty_categories"]),
     "reading": _reading,
     "sampling": sampling_for,

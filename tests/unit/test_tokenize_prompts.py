@@ -107,3 +107,46 @@ def test_the_table_carries_the_token_facts_later_steps_need(tokenize):
     assert facts["stop_token_ids"] == [151645] and facts["reasoning_end_id"] == 151668
     assert facts["vocab_size"] == 151669 and len(facts["tokenizer_sha256"]) == 64
     assert facts["params"]["budget"]["max_new_tokens"] == 48
+
+
+def test_rows_skipped_by_an_unexpected_error_are_counted_and_past_the_limit_fail_the_category(
+    tmp_path, monkeypatch, qwen3_tokenizer_dir
+):
+    """An exception other than a RowError is possibly a bug: its row is skipped and counted apart,
+    and when more than max_unexpected_row_share of the rows are, the category fails."""
+    from eagle3_datagen import prompts
+    from eagle3_datagen.tokenize_prompts import UnexpectedRows
+
+    real = prompts.normalize_row
+
+    def buggy(obj, **kwargs):
+        if obj["id"] == "g-1":
+            raise AttributeError("'NoneType' object has no attribute 'strip'")
+        return real(obj, **kwargs)
+
+    monkeypatch.setattr(prompts, "normalize_row", buggy)
+    source = tmp_path / "p.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in GOOD))
+
+    def run(**limit):
+        out = tmp_path / "prompts.parquet"
+        tokenize_prompts(
+            source=source,
+            prompts=out,
+            category="c",
+            model=defaults("model", **{**QWEN3_MODEL, "tokenizer": str(qwen3_tokenizer_dir)}),
+            budget={"max_new_tokens": 16, "min_new_tokens": 1, "reserve_tokens": 2},
+            samples_per_prompt=1,
+            seed=0,
+            on_bad_rows="quarantine",
+            **limit,
+        )
+        return out
+
+    with pytest.raises(UnexpectedRows, match=r"1 of 3 rows of .*p.jsonl were skipped by an unexpected error") as err:
+        run()  # the default limit, 0.01
+    assert "p.jsonl:2: unexpected error (a possible bug; the traceback is in the log): AttributeError" in str(err.value)
+    out = run(max_unexpected_row_share=0.5)
+    assert [r["status"] for r in read_rows(out)] == ["ok", "skipped", "ok"]
+    provenance = read_provenance(out)
+    assert provenance["unexpected_rows"] == 1 and provenance["params"]["max_unexpected_row_share"] == 0.5
