@@ -163,16 +163,21 @@ def test_shards_generate_apart_and_merge_in_prompt_order(make_prompts, engine, t
     assert len(read_provenance(merged)["shards"]) == 3 and len(served(record)) == 40
 
 
-def test_assemble_keeps_prompt_order_and_every_reason(make_prompts):
-    prompts, model = make_prompts(conversations(3) + [{"id": "bad"}])
-    prompt_rows = read_rows(prompts)
-    builder = make_builder(
+def builder_of(prompts, model):
+    """The turn builder of a prompts table, for an external server (nothing is launched)."""
+    return make_builder(
         read_provenance(prompts),
         ModelProfile.from_config(model),
         SAMPLING,
         defaults("engine", kind="external", external={"urls": ["x"]}),
         {"max_new_tokens": 32, "min_new_tokens": 4, "reserve_tokens": 2},
     )
+
+
+def test_assemble_keeps_prompt_order_and_every_reason(make_prompts):
+    prompts, model = make_prompts(conversations(3) + [{"id": "bad"}])
+    prompt_rows = read_rows(prompts)
+    builder = builder_of(prompts, model)
     results = {
         ("r-002", 0, 0): {"status": "failed", "error": "HTTP 400: too long", "attempts": 1},
         ("r-000", 0, 0): {
@@ -211,13 +216,7 @@ def test_a_conversation_that_ends_before_its_first_turn_has_a_row_for_every_turn
         conversations(1) + [{"id": "long", "messages": long_first}], turns="all", context_length=256
     )
     prompt_rows = read_rows(prompts)
-    builder = make_builder(
-        read_provenance(prompts),
-        ModelProfile.from_config(model),
-        SAMPLING,
-        defaults("engine", kind="external", external={"urls": ["x"]}),
-        {"max_new_tokens": 32, "min_new_tokens": 4, "reserve_tokens": 2},
-    )
+    builder = builder_of(prompts, model)
     answer = {"status": "ok", "output_ids": [5, 151645], "finish_type": "stop", "finish_matched": "151645"}
     rows = list(assemble(prompt_rows, builder, lambda req: answer))
     long_rows = [r for r in rows if r["id"] == "long"]
