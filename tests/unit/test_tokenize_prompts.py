@@ -44,9 +44,6 @@ ROW_CASES = [
 ]
 
 
-""" + open('/tmp/cases.py').read() + """
-
-
 @pytest.fixture
 def tokenize(tmp_path, monkeypatch, qwen3_tokenizer_dir):
     """Write rows (a dict as JSON, str or bytes as they are) to config/prompts/bad.jsonl and tokenize."""
