@@ -118,6 +118,29 @@ QWEN3_MODEL = {
 }
 
 
+def qwen3_model(tokenizer_dir, **overrides) -> dict:
+    """The tests' Qwen3 model profile (QWEN3_MODEL) on the real Qwen3 tokenizer, as validation fills it."""
+    from eagle3_datagen.settings import defaults
+
+    return defaults("model", **{**QWEN3_MODEL, "tokenizer": str(tokenizer_dir), **overrides})
+
+
+def tokenize_file(source, prompts, model: dict, **overrides):
+    """Run the tokenize_prompts step in-process on a prompt file, with the tests' usual settings
+    (category "c", a 16-token budget, one sample, seed 0, quarantine); any of them can be overridden."""
+    from eagle3_datagen.tokenize_prompts import tokenize_prompts
+
+    settings = {
+        "category": "c",
+        "budget": {"max_new_tokens": 16, "min_new_tokens": 1, "reserve_tokens": 2},
+        "samples_per_prompt": 1,
+        "seed": 0,
+        "on_bad_rows": "quarantine",
+    }
+    tokenize_prompts(source=source, prompts=prompts, model=model, **{**settings, **overrides})
+    return prompts
+
+
 @pytest.fixture
 def make_prompts(tmp_path, qwen3_tokenizer_dir):
     """Write conversations as a prompt file and run the tokenize_prompts step on it, in-process.

@@ -9,12 +9,12 @@ import pytest
 import yaml
 from workdir import ROOT, Workdir
 
+from conftest import qwen3_model, tokenize_file
 from eagle3_datagen.client import parse_rid
 from eagle3_datagen.prompts import without_source
 from eagle3_datagen.settings import ModelProfile, defaults
 from eagle3_datagen.tables import read_provenance, read_rows
 from eagle3_datagen.templating import load_tokenizer
-from eagle3_datagen.tokenize_prompts import tokenize_prompts
 from realdata import complete_elements, prompt_file
 
 pytestmark = pytest.mark.slow
@@ -23,19 +23,9 @@ pytestmark = pytest.mark.slow
 ASKING = {"human", "user"}
 
 
-def tokenize(source, out, model, turns="all"):
-    tokenize_prompts(
-        source=source,
-        prompts=out,
-        category="real",
-        model=model,
-        budget={"max_new_tokens": 1024, "min_new_tokens": 16, "reserve_tokens": 2},
-        samples_per_prompt=1,
-        seed=1,
-        on_bad_rows="quarantine",
-        turns=turns,
-    )
-    return read_rows(out)
+def tokenize(source, out, model):
+    budget = {"max_new_tokens": 1024, "min_new_tokens": 16, "reserve_tokens": 2}
+    return read_rows(tokenize_file(source, out, model, category="real", budget=budget, seed=1, turns="all"))
 
 
 def reasons(rows) -> Counter:
@@ -48,16 +38,7 @@ def test_every_sharegpt_conversation_is_accounted_for(tmp_path, qwen3_tokenizer_
     file) are skipped rows saying so, counted independently here from the raw file."""
     source = prompt_file("sharegpt.json")
     raw = [json.loads(element) for element in complete_elements(source.read_text(encoding="utf-8"))]
-    model = defaults(
-        "model",
-        name="qwen3",
-        tokenizer=str(qwen3_tokenizer_dir),
-        context_length=32768,
-        stop_tokens=["<|im_end|>"],
-        reasoning_parser="qwen3",
-        tool_call_parser="qwen25",
-    )
-    rows = tokenize(source, tmp_path / "sharegpt.parquet", model)
+    rows = tokenize(source, tmp_path / "sharegpt.parquet", qwen3_model(qwen3_tokenizer_dir, context_length=32768))
 
     assert [r["id"] for r in rows] == [c["id"] for c in raw]
     assert all(r["status"] == "ok" or r["reason"].startswith(f"{source}:") for r in rows)

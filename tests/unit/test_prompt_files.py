@@ -10,10 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from conftest import QWEN3_MODEL
+from conftest import qwen3_model, tokenize_file
 from eagle3_datagen.prompts import PromptFileError, read_prompts
-from eagle3_datagen.settings import defaults
-from eagle3_datagen.tokenize_prompts import BadRows, tokenize_prompts
+from eagle3_datagen.tokenize_prompts import BadRows
 
 SHAREGPT = [
     {
@@ -127,17 +126,7 @@ def test_a_category_with_no_usable_row_fails_with_the_counts_per_reason(tmp_path
     path.write_text(json.dumps(BROKEN) + "\n" + json.dumps({"id": "x"}) + "\n" + json.dumps({"id": "y"}) + "\n")
 
     def run(allow_empty):
-        tokenize_prompts(
-            source=path,
-            prompts=tmp_path / "out.parquet",
-            category="c",
-            model=defaults("model", **{**QWEN3_MODEL, "tokenizer": str(qwen3_tokenizer_dir)}),
-            budget={"max_new_tokens": 16, "min_new_tokens": 1, "reserve_tokens": 2},
-            samples_per_prompt=1,
-            seed=0,
-            on_bad_rows="quarantine",
-            allow_empty=allow_empty,
-        )
+        tokenize_file(path, tmp_path / "out.parquet", qwen3_model(qwen3_tokenizer_dir), allow_empty=allow_empty)
 
     with pytest.raises(BadRows, match="none of its 3 rows can be used") as err:
         run(False)

@@ -27,7 +27,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import QWEN3_MODEL
+from conftest import qwen3_model, tokenize_file
 from eagle3_datagen import prompts
 from eagle3_datagen.prompts import (
     ROLES,
@@ -39,7 +39,7 @@ from eagle3_datagen.prompts import (
     iter_prompts,
     normalize_row,
 )
-from eagle3_datagen.settings import Budget, ModelProfile, canonical_json, defaults
+from eagle3_datagen.settings import Budget, ModelProfile, canonical_json
 from eagle3_datagen.tables import PROMPTS_SCHEMA, TableWriter, read_rows
 
 # ---------------------------------------------------------------------------------------------------
@@ -690,7 +690,7 @@ def chat(request, qwen3_tokenizer_dir):
     from eagle3_datagen.templating import ChatTokenizer, load_tokenizer
 
     if request.param == "qwen3":
-        profile = ModelProfile.from_config(defaults("model", **{**QWEN3_MODEL, "tokenizer": str(qwen3_tokenizer_dir)}))
+        profile = ModelProfile.from_config(qwen3_model(qwen3_tokenizer_dir))
     else:
         profile = ModelProfile(
             name="kimi",
@@ -738,21 +738,15 @@ def test_every_row_becomes_an_ok_or_skipped_row_of_the_prompts_table(chat, recor
 @settings(max_examples=min(50, max(3, settings().max_examples // 8)))
 @given(records=st.lists(object_rows, min_size=1, max_size=8))
 def test_the_tokenize_step_finishes_on_fuzzed_rows(qwen3_tokenizer_dir, records):
-    from eagle3_datagen.tokenize_prompts import tokenize_prompts
-
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "fuzz.jsonl"
         source.write_bytes(b"".join(dumped(r, True) + b"\n" for r in records))
-        out = Path(tmp) / "prompts.parquet"
-        tokenize_prompts(
-            source=source,
-            prompts=out,
+        out = tokenize_file(
+            source,
+            Path(tmp) / "prompts.parquet",
+            qwen3_model(qwen3_tokenizer_dir),
             category="fuzz",
-            model=defaults("model", **{**QWEN3_MODEL, "tokenizer": str(qwen3_tokenizer_dir)}),
             budget={"max_new_tokens": 32, "min_new_tokens": 1, "reserve_tokens": 2},
-            samples_per_prompt=1,
-            seed=0,
-            on_bad_rows="quarantine",
             allow_empty=True,
             max_unexpected_row_share=0.0,
         )

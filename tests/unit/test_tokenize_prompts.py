@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QWEN3_MODEL
-from eagle3_datagen.settings import defaults
+from conftest import qwen3_model, tokenize_file
 from eagle3_datagen.tables import read_provenance, read_rows
-from eagle3_datagen.tokenize_prompts import BadRows, tokenize_prompts
+from eagle3_datagen.tokenize_prompts import BadRows
 
 GOOD = [{"id": f"g-{i}", "messages": [{"role": "user", "content": f"good question {i}"}]} for i in range(3)]
 SOURCE = Path("config/prompts/bad.jsonl")
@@ -55,18 +54,14 @@ def tokenize(tmp_path, monkeypatch, qwen3_tokenizer_dir):
             for row in rows:
                 row = json.dumps(row) if isinstance(row, dict) else row
                 fh.write((row if isinstance(row, bytes) else row.encode()) + b"\n")
-        out = Path("results/prompts/bad.parquet")
-        tokenize_prompts(
-            source=SOURCE,
-            prompts=out,
+        return tokenize_file(
+            SOURCE,
+            Path("results/prompts/bad.parquet"),
+            qwen3_model(qwen3_tokenizer_dir, context_length=2048),
             category="bad",
-            model=defaults("model", **{**QWEN3_MODEL, "tokenizer": str(qwen3_tokenizer_dir), "context_length": 2048}),
             budget={"max_new_tokens": 48, "min_new_tokens": 16, "reserve_tokens": 2},
-            samples_per_prompt=1,
-            seed=0,
             on_bad_rows=on_bad_rows,
         )
-        return out
 
     return run
 
@@ -126,19 +121,7 @@ def test_rows_skipped_by_an_unexpected_error_are_counted_and_past_the_limit_fail
     source.write_text("".join(json.dumps(r) + "\n" for r in GOOD))
 
     def run(**limit):
-        out = tmp_path / "prompts.parquet"
-        tokenize_prompts(
-            source=source,
-            prompts=out,
-            category="c",
-            model=defaults("model", **{**QWEN3_MODEL, "tokenizer": str(qwen3_tokenizer_dir)}),
-            budget={"max_new_tokens": 16, "min_new_tokens": 1, "reserve_tokens": 2},
-            samples_per_prompt=1,
-            seed=0,
-            on_bad_rows="quarantine",
-            **limit,
-        )
-        return out
+        return tokenize_file(source, tmp_path / "prompts.parquet", qwen3_model(qwen3_tokenizer_dir), **limit)
 
     with pytest.raises(UnexpectedRows, match=r"1 of 3 rows of .*p.jsonl were skipped by an unexpected error") as err:
         run()  # the default limit, 0.01
