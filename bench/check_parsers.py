@@ -21,10 +21,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from transformers import AutoTokenizer  # noqa: E402
 
-from eagle3_datagen import parser_check  # noqa: E402
-from eagle3_datagen.demo_model import build_kimi_shaped_tokenizer, qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.demo.model import build_kimi_shaped_tokenizer, qwen3_tokenizer_dir  # noqa: E402
 from eagle3_datagen.settings import ModelProfile  # noqa: E402
-from eagle3_datagen.templating import ChatTokenizer  # noqa: E402
+from eagle3_datagen.steps import check_parsers as parser_check  # noqa: E402
+from eagle3_datagen.tokens.templating import ChatTokenizer  # noqa: E402
 
 TOOLS = [
     {
@@ -54,7 +54,7 @@ def real_text(min_chars: int = 3_000_000) -> str:
 def kimi_tokenizer_path() -> Path:
     import hashlib
 
-    from eagle3_datagen import demo_model as fixtures
+    from eagle3_datagen.demo import model as fixtures
 
     key = hashlib.sha256(Path(fixtures.__file__).read_bytes()).hexdigest()[:16]
     path = ROOT / ".cache" / "fixtures" / key / "kimi_tokenizer"

@@ -52,13 +52,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from eagle3_datagen import http  # noqa: E402
-from eagle3_datagen.client import GenerateClient, Request, RequestTemplate, parse_response  # noqa: E402
-from eagle3_datagen.demo_model import qwen3_tokenizer_dir  # noqa: E402
-from eagle3_datagen.journal import Journal  # noqa: E402
-from eagle3_datagen.prompts import read_prompts  # noqa: E402
-from eagle3_datagen.servers import ManagedServer, free_port  # noqa: E402
+from eagle3_datagen.demo.model import qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.generation import http  # noqa: E402
+from eagle3_datagen.generation.client import GenerateClient, Request, RequestTemplate, parse_response  # noqa: E402
+from eagle3_datagen.generation.journal import Journal  # noqa: E402
+from eagle3_datagen.generation.servers import ManagedServer, free_port  # noqa: E402
 from eagle3_datagen.settings import ClientSettings  # noqa: E402
+from eagle3_datagen.storage.prompts import read_prompts  # noqa: E402
 
 SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
 
@@ -335,8 +335,8 @@ def mean_level(changes: list[tuple[float, int]], t0: float, t1: float) -> float:
 def conversation_rows(tokenizer, profile, n: int, turns: int, max_new_tokens: int) -> list[dict]:
     """Prompts rows of `n` conversations of `turns` user turns (demo prompts' user texts; the
     original answers between them are placeholders the regenerated ones replace)."""
-    from eagle3_datagen.templating import ChatTokenizer
-    from eagle3_datagen.turns import turn_ends
+    from eagle3_datagen.generation.turns import turn_ends
+    from eagle3_datagen.tokens.templating import ChatTokenizer
 
     texts = demo_texts()
     chat = ChatTokenizer(tokenizer, profile)
@@ -370,8 +370,8 @@ def conversation_rows(tokenizer, profile, n: int, turns: int, max_new_tokens: in
 def multi_turn_run(url: str, builder, rows: list[dict], tmp: Path, concurrency: int) -> dict:
     """One multi-turn run: (c) of the module doc. Rows of one turn each make the baseline: the same
     client without follow-ups."""
-    from eagle3_datagen.plan_generation import requests_to_send
-    from eagle3_datagen.turns import follower
+    from eagle3_datagen.generation.turns import follower
+    from eagle3_datagen.steps.plan_generation import requests_to_send
 
     c = concurrency
     client = RecordingClient(
@@ -559,8 +559,8 @@ def main() -> None:
                 print(f"{label:16}{b['n_output']:>8}{b['answer_kb']:>11.1f}" + "".join(f"{b[n]:>28.3f}" for n in names))
             print()
         if args.part in ("c", "all"):
-            from eagle3_datagen.plan_generation import make_builder
             from eagle3_datagen.settings import ModelProfile, defaults
+            from eagle3_datagen.steps.plan_generation import make_builder
 
             model = defaults(
                 "model",

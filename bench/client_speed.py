@@ -32,7 +32,7 @@ The clients:
                input_ids + loss_mask from `build_boundary_sample`, text = their detokenize of the ids,
                metadata); the HF dataset, by the same rows as a list ({id, messages}); and tqdm, by a
                subclass whose `update` also notes the completion time.
-  project      the pipeline's generate job, every feature on, in-process: `eagle3_datagen.generate.generate`
+  project      the pipeline's generate job, every feature on, in-process: `eagle3_datagen.steps.generate.generate`
                on a prompts table made by tokenize_prompts, with an external engine: planning against
                the journal, the server checks and provenance, the client with journal (flushed, fsync'd
                in batches), retries, progress logging to the job's log file, and the Parquet generations
@@ -294,10 +294,10 @@ def speculators_worker(args, setup: dict) -> dict:
 
 
 def project_worker(args, setup: dict) -> dict:
-    from eagle3_datagen.client import GenerateClient
-    from eagle3_datagen.generate import generate
-    from eagle3_datagen.journal import Journal
-    from eagle3_datagen.tables import read_provenance
+    from eagle3_datagen.generation.client import GenerateClient
+    from eagle3_datagen.generation.journal import Journal
+    from eagle3_datagen.steps.generate import generate
+    from eagle3_datagen.storage.tables import read_provenance
     from eagle3_datagen.workflow import setup_logging
 
     t_imported = time.monotonic()
@@ -393,8 +393,8 @@ def build_inputs(tok_dir: Path, tmp: Path, counts: dict[int, int], model: dict, 
     from transformers import AutoTokenizer
 
     from client_load import demo_texts
-    from eagle3_datagen.tables import iter_rows
-    from eagle3_datagen.tokenize_prompts import tokenize_prompts
+    from eagle3_datagen.steps.tokenize_prompts import tokenize_prompts
+    from eagle3_datagen.storage.tables import iter_rows
 
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     pool = demo_texts()
@@ -457,7 +457,7 @@ def engine_offers_canned() -> bool:
 
 
 def engine(tok_dir: Path, port: int, log_dir: Path, length: int, core: int, canned: bool):
-    from eagle3_datagen.servers import ManagedServer
+    from eagle3_datagen.generation.servers import ManagedServer
 
     cmd = ["taskset", "-c", str(core), sys.executable, "-m", "eagle3_datagen.engine", "--backend", "scripted"]
     cmd += ["--model-dir", str(tok_dir), "--tokenizer-dir", str(tok_dir), "--port", str(port)]
@@ -680,8 +680,8 @@ def main() -> None:
         worker_main(args)
         return
 
-    from eagle3_datagen.demo_model import qwen3_tokenizer_dir
-    from eagle3_datagen.servers import free_port
+    from eagle3_datagen.demo.model import qwen3_tokenizer_dir
+    from eagle3_datagen.generation.servers import free_port
     from eagle3_datagen.settings import defaults
 
     allowed = sorted(os.sched_getaffinity(0))

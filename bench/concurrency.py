@@ -59,10 +59,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import client_load  # noqa: E402
 from client_load import SAMPLING, build_requests  # noqa: E402
-from eagle3_datagen.client import GenerateClient, Request, RequestTemplate  # noqa: E402
-from eagle3_datagen.demo_model import qwen3_tokenizer_dir  # noqa: E402
-from eagle3_datagen.journal import Journal  # noqa: E402
-from eagle3_datagen.servers import ManagedServer, free_port  # noqa: E402
+from eagle3_datagen.demo.model import qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.generation.client import GenerateClient, Request, RequestTemplate  # noqa: E402
+from eagle3_datagen.generation.journal import Journal  # noqa: E402
+from eagle3_datagen.generation.servers import ManagedServer, free_port  # noqa: E402
 from eagle3_datagen.settings import ClientSettings  # noqa: E402
 
 # name: (--max-running-requests, --max-total-tokens)

@@ -32,11 +32,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from check_parsers import real_text  # noqa: E402  (bench/ is on the path of a bench script)
-from eagle3_datagen.demo_model import qwen3_tokenizer_dir  # noqa: E402
-from eagle3_datagen.export_dataset import DATASET_SCHEMA, dataset_row, write_jsonl  # noqa: E402
+from eagle3_datagen.demo.model import qwen3_tokenizer_dir  # noqa: E402
 from eagle3_datagen.settings import ModelProfile  # noqa: E402
-from eagle3_datagen.tables import GENERATIONS_SCHEMA, write_table  # noqa: E402
-from eagle3_datagen.templating import ChatTokenizer  # noqa: E402
+from eagle3_datagen.steps.export_dataset import DATASET_SCHEMA, dataset_row, write_jsonl  # noqa: E402
+from eagle3_datagen.storage.tables import GENERATIONS_SCHEMA, write_table  # noqa: E402
+from eagle3_datagen.tokens.templating import ChatTokenizer  # noqa: E402
 
 
 def synthesize(tok, n_rows: int, prompt_tokens: int, seed: int = 0) -> list[dict]:

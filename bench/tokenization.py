@@ -38,11 +38,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from eagle3_datagen import demo_model as fixtures  # noqa: E402
-from eagle3_datagen.prompts import PromptRow, read_prompts  # noqa: E402
+from eagle3_datagen.demo import model as fixtures  # noqa: E402
 from eagle3_datagen.settings import Budget, ModelProfile  # noqa: E402
-from eagle3_datagen.templating import ChatTokenizer, TextOnlyEncoder, group_by_tools, tiktoken_model  # noqa: E402
-from eagle3_datagen.tokenize_prompts import build_prompt_rows  # noqa: E402
+from eagle3_datagen.steps.tokenize_prompts import build_prompt_rows  # noqa: E402
+from eagle3_datagen.storage.prompts import PromptRow, read_prompts  # noqa: E402
+from eagle3_datagen.tokens.templating import ChatTokenizer, TextOnlyEncoder, group_by_tools, tiktoken_model  # noqa: E402
 
 
 def fixture_path(name: str, build) -> Path:

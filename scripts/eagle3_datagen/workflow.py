@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from .settings import max_new_tokens_for, sampling_for
+from eagle3_datagen.settings import max_new_tokens_for, sampling_for, server_gpus
 
 
 def load_sheet(path: str | Path):
@@ -69,7 +69,7 @@ def _reading(config: dict, category: dict) -> dict:
     """How to read the category's prompt file (prompts.ReadOptions), from its row of the sheet."""
     from dataclasses import asdict
 
-    from .prompts import ReadOptions
+    from eagle3_datagen.storage.prompts import ReadOptions
 
     return asdict(ReadOptions.from_category(category, int(config["seed"])))
 
@@ -85,7 +85,7 @@ def _turns(config: dict, category: dict) -> str:
 
 def _export(config: dict, category: dict) -> dict:
     """The export block, with the category's merge_turns where its row of the sheet sets one."""
-    from .settings import defaults
+    from eagle3_datagen.settings import defaults
 
     export = defaults("export", **config.get("export", {}))
     merge = _cell(category, "merge_turns")
@@ -171,15 +171,6 @@ def generate_gpus(engine: dict, plan_file: str | Path) -> int:
     return server_gpus(engine)
 
 
-def server_gpus(engine: dict) -> int:
-    """GPUs of the server a job launches (none for an external server: it is not the job's)."""
-    if engine["kind"] == "sglang":
-        return int(engine["sglang"]["tp_size"])
-    if engine["kind"] == "local":
-        return int(engine["local"]["gpus"])
-    return 0
-
-
 def generate_job(engine: dict) -> dict:
     """CPUs, memory and wall time of a generate job (engine.job of the validated config)."""
     job = engine["job"]
@@ -188,7 +179,7 @@ def generate_job(engine: dict) -> dict:
 
 def check_engine(engine: dict) -> None:
     """Refuse, before any job runs, an engine configuration that would corrupt data."""
-    from .servers import check_extra_args
+    from eagle3_datagen.generation.servers import check_extra_args
 
     if engine["kind"] == "sglang":
         if "sglang" not in engine:

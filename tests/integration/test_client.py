@@ -9,7 +9,9 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from eagle3_datagen.client import (
+from eagle3_datagen.engine.backends import ScriptedBackend
+from eagle3_datagen.engine.server import Faults, create_app
+from eagle3_datagen.generation.client import (
     FinalError,
     GenerateClient,
     Request,
@@ -20,9 +22,7 @@ from eagle3_datagen.client import (
     ids_are_plain,
     parse_response,
 )
-from eagle3_datagen.engine.backends import ScriptedBackend
-from eagle3_datagen.engine.server import Faults, create_app
-from eagle3_datagen.journal import Journal
+from eagle3_datagen.generation.journal import Journal
 from eagle3_datagen.settings import ClientSettings
 
 FAST = dict(backoff_initial_s=0.01, backoff_max_s=0.05, progress_interval_s=0.5)
@@ -350,7 +350,7 @@ def test_malformed_answers_end_as_failed_rows_with_their_reason(tokenizer):
 def test_server_info_prefers_the_new_routes_and_falls_back_to_get(backend, tokenizer):
     from aiohttp import web
 
-    from eagle3_datagen.client import fetch_info
+    from eagle3_datagen.generation.client import fetch_info
 
     async def main():
         old = web.Application()  # a server from before 0.5.23: only the get_ routes

@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 import pytest
 from workdir import ROOT, Workdir
 
-from eagle3_datagen.client import parse_rid
+from eagle3_datagen.generation.client import parse_rid
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +92,7 @@ def journal_ok_keys(wd):
 
 
 def assert_complete(wd):
-    from eagle3_datagen.tables import read_rows
+    from eagle3_datagen.storage.tables import read_rows
 
     rows = read_rows(wd.path / TARGET)
     keys = [(r["id"], r["sample_index"]) for r in rows]
@@ -145,7 +145,7 @@ def test_sigkill_at_ten_random_points_loses_nothing_and_repeats_nothing(workdir,
 
 
 def start_engine(wd, tokenizer, *args):
-    from eagle3_datagen.servers import free_port
+    from eagle3_datagen.generation.servers import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "eagle3_datagen.engine", "--backend", "scripted", "--model-dir", str(tokenizer)]

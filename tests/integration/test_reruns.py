@@ -10,7 +10,7 @@ import shutil
 import pytest
 from workdir import ROOT, Workdir
 
-from eagle3_datagen.client import parse_rid
+from eagle3_datagen.generation.client import parse_rid
 
 pytestmark = pytest.mark.slow
 
@@ -182,7 +182,7 @@ def test_editing_the_generate_script_sends_nothing(run):
 
 def test_removing_results_throws_no_generation_away(run):
     wd, counter = run
-    from eagle3_datagen.tables import read_rows
+    from eagle3_datagen.storage.tables import read_rows
 
     def rows():
         return {c: read_rows(wd.path / "results" / "generations" / f"{c}.parquet") for c in CATEGORIES}

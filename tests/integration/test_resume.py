@@ -10,7 +10,7 @@ from collections import defaultdict
 import pytest
 from workdir import ROOT, SNAKEMAKE, Workdir
 
-from eagle3_datagen.client import parse_rid
+from eagle3_datagen.generation.client import parse_rid
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +94,7 @@ def test_sigkill_mid_run_then_rerun_gives_every_row_exactly_once(scripted):
 
     wd.snakemake("--unlock")
     wd.snakemake("--cores", "1", "--rerun-incomplete", target)
-    from eagle3_datagen.tables import read_rows
+    from eagle3_datagen.storage.tables import read_rows
 
     rows = read_rows(wd.path / target)
     keys = [(r["id"], r["sample_index"]) for r in rows]
@@ -175,7 +175,7 @@ def test_sigkill_at_random_points_of_a_multi_turn_run_gives_every_turn_exactly_o
         wd.snakemake("--unlock")
     done_before_run.append(ok_turns(journal))
     wd.snakemake("--cores", "1", "--rerun-incomplete", target)
-    from eagle3_datagen.tables import read_rows
+    from eagle3_datagen.storage.tables import read_rows
 
     rows = read_rows(wd.path / target)
     keys = [(r["id"], r["sample_index"], r["turn"]) for r in rows]

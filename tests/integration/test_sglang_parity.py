@@ -1,4 +1,4 @@
-"""Parity of `eagle3_datagen.parsers` with SGLang's own parser classes, per SGLang version.
+"""Parity of `eagle3_datagen.tokens.parsers` with SGLang's own parser classes, per SGLang version.
 
 Each version is installed before the suite runs (`make test` runs `tests/sglang_oracles.py`, which
 pip-installs it `--no-deps`, plus the few pure-Python packages its parser modules import, into
@@ -15,7 +15,7 @@ import sys
 import pytest
 
 import parser_corpus as corpus
-from eagle3_datagen import parsers
+from eagle3_datagen.tokens import parsers
 from sglang_oracles import installed
 
 ORACLE = r"""

@@ -136,7 +136,7 @@ def generate_job_logs(wd):
 
 
 def test_generate_jobs_run_as_slurm_jobs_with_a_gpu(slurm_run):
-    from eagle3_datagen.tables import read_provenance
+    from eagle3_datagen.storage.tables import read_provenance
 
     wd, proc, _ = slurm_run
     logs = generate_job_logs(wd)
@@ -282,7 +282,7 @@ def test_a_killed_snakemakes_orphan_and_its_twin_never_send_the_same_row(slurm_c
     the same shard refuses while the orphan holds the journal; once it is done, a rerun finishes."""
     import signal
 
-    from eagle3_datagen.client import parse_rid
+    from eagle3_datagen.generation.client import parse_rid
 
     n = 40
     wd = Workdir(
@@ -328,7 +328,7 @@ def test_a_killed_snakemakes_orphan_and_its_twin_never_send_the_same_row(slurm_c
     logs = {p.name: p.read_text()[-1500:] for p in sorted(attempts.glob("*.log"))}
     assert final.returncode == 0, (final.stderr[-3000:], logs)
 
-    from eagle3_datagen.tables import read_rows
+    from eagle3_datagen.storage.tables import read_rows
 
     rows = read_rows(wd.path / "results" / "generations" / "orphan.parquet")
     assert sorted(r["id"] for r in rows) == [f"orphan-{i:03d}" for i in range(n)]

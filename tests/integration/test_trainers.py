@@ -18,10 +18,10 @@ import torch
 
 from conftest import conversations
 from eagle3_datagen.engine.backends import ScriptedBackend
-from eagle3_datagen.export_dataset import export_dataset, merge_dataset
-from eagle3_datagen.generate import generate
 from eagle3_datagen.settings import defaults
-from eagle3_datagen.vocab import vocab_mapping
+from eagle3_datagen.steps.export_dataset import export_dataset, merge_dataset
+from eagle3_datagen.steps.generate import generate
+from eagle3_datagen.steps.vocab_mapping import vocab_mapping
 from engine_thread import running_engine
 from sglang_oracles import trainer
 
@@ -69,7 +69,7 @@ def speculators():
 def export(tmp_path_factory, qwen3_tokenizer_dir):
     """A category of 1- to 3-turn conversations, generated, exported (merge_turns, a max_length),
     merged and counted, in-process."""
-    from eagle3_datagen.tokenize_prompts import tokenize_prompts
+    from eagle3_datagen.steps.tokenize_prompts import tokenize_prompts
 
     root = tmp_path_factory.mktemp("handoff")
     rows = conversations(30)
@@ -209,7 +209,7 @@ def test_the_draft_vocabulary_is_the_one_speculators_builds_and_specforge_loads(
     assert torch.equal(torch.nonzero(mapping["t2d"]).flatten(), mapping["d2t"] + torch.arange(64))
     # More draft slots than distinct loss tokens: padded with the lowest unused ids, as speculators pads.
     many = len(freq) + 10
-    from eagle3_datagen.vocab import draft_vocabulary
+    from eagle3_datagen.steps.vocab_mapping import draft_vocabulary
 
     counts = np.zeros(target, dtype=np.int64)
     for token, n in freq.items():

@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 from workdir import ROOT, Workdir, demo_rows
 
-from eagle3_datagen.client import parse_rid
+from eagle3_datagen.generation.client import parse_rid
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def exported_turns(row):
 def test_every_row_ends_in_exactly_one_place(demo_run):
     from collections import Counter
 
-    from eagle3_datagen.tables import read_rows
+    from eagle3_datagen.storage.tables import read_rows
 
     wd = demo_run
     summary = {
@@ -81,7 +81,7 @@ def test_every_row_ends_in_exactly_one_place(demo_run):
 
 
 def test_exported_tokens_are_exactly_what_the_engine_generated(demo_run):
-    from eagle3_datagen.tables import read_rows
+    from eagle3_datagen.storage.tables import read_rows
 
     wd = demo_run
     for category in ("math", "code", "chat"):
@@ -152,7 +152,7 @@ def test_each_request_carries_every_sampling_value(demo_run):
 
 
 def test_provenance_travels_with_the_generations(demo_run):
-    from eagle3_datagen.tables import read_provenance
+    from eagle3_datagen.storage.tables import read_provenance
 
     prov = read_provenance(demo_run.path / "results" / "generations" / "chat.parquet")
     assert prov["model_fingerprint"]["tokenizer_sha256"]

@@ -6,9 +6,9 @@ import shutil
 import pytest
 from transformers import AutoTokenizer
 
-from eagle3_datagen import check_parsers as parser_check
 from eagle3_datagen.settings import ModelProfile
-from eagle3_datagen.templating import ChatTokenizer
+from eagle3_datagen.steps import check_parsers as parser_check
+from eagle3_datagen.tokens.templating import ChatTokenizer
 
 TOOLS = [
     {

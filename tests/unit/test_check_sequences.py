@@ -5,9 +5,9 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from eagle3_datagen.check_sequences import check_rows as check_sequences
 from eagle3_datagen.settings import ModelProfile
-from eagle3_datagen.templating import ChatTokenizer, token_id
+from eagle3_datagen.steps.check_sequences import check_rows as check_sequences
+from eagle3_datagen.tokens.templating import ChatTokenizer, token_id
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_datagen import demo_model as fixtures
-from eagle3_datagen.demo_model import KIMI_SPECIAL_TOKENS, KIMI_VOCAB_SIZE
+from eagle3_datagen.demo import model as fixtures
+from eagle3_datagen.demo.model import KIMI_SPECIAL_TOKENS, KIMI_VOCAB_SIZE
 
 EXPECTED_IDS = {
     "[BOS]": 163584,

@@ -241,7 +241,7 @@ def test_read_eos_token_ids(tmp_path):
 
 
 def test_a_5xx_abort_answers_in_the_shape_of_sglangs_http_exception_handler():
-    from eagle3_datagen.client import error_text
+    from eagle3_datagen.generation.client import error_text
 
     body = protocol.http_exception_body("The request was aborted: out of memory.", 503)
     assert body == {

@@ -5,7 +5,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3_datagen.export_dataset import Filters, export_category, merge_datasets, split_rows
+from eagle3_datagen.steps.export_dataset import Filters, export_category, merge_datasets, split_rows
 
 
 def gen(i, *, status="ok", finish="stop", output=(5, 6, 7), error="", turn=0, prompt=None):

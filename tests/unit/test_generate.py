@@ -8,11 +8,11 @@ import pytest
 from conftest import conversations
 from eagle3_datagen.engine.backends import ScriptedBackend
 from eagle3_datagen.engine.server import Faults
-from eagle3_datagen.export_dataset import Filters, split_rows
-from eagle3_datagen.generate import TooManyFailures, assemble, generate, merge_shards
-from eagle3_datagen.plan_generation import make_builder, make_plan, shard_of
 from eagle3_datagen.settings import ModelProfile, defaults
-from eagle3_datagen.tables import read_provenance, read_rows
+from eagle3_datagen.steps.export_dataset import Filters, split_rows
+from eagle3_datagen.steps.generate import TooManyFailures, assemble, generate, merge_shards
+from eagle3_datagen.steps.plan_generation import make_builder, make_plan, shard_of
+from eagle3_datagen.storage.tables import read_provenance, read_rows
 from engine_thread import running_engine
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from eagle3_datagen.http import HTTPError, Server
+from eagle3_datagen.generation.http import HTTPError, Server
 
 
 async def raw_server(answers, *, close_after=False):

@@ -2,7 +2,7 @@
 
 import json
 
-from eagle3_datagen.journal import Journal
+from eagle3_datagen.generation.journal import Journal
 
 
 def entry(i, status="ok", fingerprint=None):

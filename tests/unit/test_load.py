@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from eagle3_datagen.client import Slots
 from eagle3_datagen.engine.capacity import KVScheduler, StepModel
-from eagle3_datagen.load import Concurrency, Load, Timeline, parse_loads
+from eagle3_datagen.generation.client import Slots
+from eagle3_datagen.generation.load import Concurrency, Load, Timeline, parse_loads
 
 
 def test_v1_loads_and_get_load_read_as_one_load_over_ranks():

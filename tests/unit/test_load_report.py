@@ -3,8 +3,8 @@ in-flight timelines from the generate jobs' provenance."""
 
 import pandas as pd
 
-from eagle3_datagen.load_report import plot_load
-from eagle3_datagen.tables import GENERATIONS_SCHEMA, Batching, TableWriter
+from eagle3_datagen.steps.plot_load import plot_load
+from eagle3_datagen.storage.tables import GENERATIONS_SCHEMA, Batching, TableWriter
 
 
 def rows(n: int, *, retract_every: int, cached: int, queue: float, failed: int = 0):

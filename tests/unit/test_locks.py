@@ -12,7 +12,7 @@ import pytest
 
 from conftest import conversations
 from eagle3_datagen.engine.backends import ScriptedBackend
-from eagle3_datagen.locks import ShardBusy, ShardLock
+from eagle3_datagen.generation.locks import ShardBusy, ShardLock
 from engine_thread import running_engine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HOLD = """
 import os, sys, time
 sys.path.insert(0, sys.argv[1] + "/scripts")
-from eagle3_datagen.locks import ShardLock
+from eagle3_datagen.generation.locks import ShardLock
 lock = ShardLock(sys.argv[2]).acquire()
 print("held", flush=True)
 time.sleep(600)
@@ -59,7 +59,7 @@ def test_a_second_job_refuses_naming_the_holder_and_a_dead_holders_lock_is_taken
 GENERATE = """
 import json, sys
 sys.path.insert(0, sys.argv[1] + "/scripts")
-from eagle3_datagen.generate import generate
+from eagle3_datagen.steps.generate import generate
 args = json.loads(sys.argv[2])
 try:
     generate(**args)
@@ -73,7 +73,7 @@ print(json.dumps({"ok": True}))
 def test_two_jobs_for_one_shard_started_together_send_each_row_once(make_prompts, qwen3_tokenizer_dir, tmp_path):
     from eagle3_datagen.engine.server import Faults
     from eagle3_datagen.settings import defaults
-    from eagle3_datagen.tables import read_rows
+    from eagle3_datagen.storage.tables import read_rows
 
     prompts, model = make_prompts(conversations(40))
     record = tmp_path / "record.jsonl"

@@ -6,7 +6,7 @@ The same inputs run through SGLang's own classes in tests/integration/test_sglan
 import pytest
 
 import parser_corpus as corpus
-from eagle3_datagen import parsers
+from eagle3_datagen.tokens import parsers
 
 T = dict(corpus.REASONING_TEXTS)
 TOOL = {name: text for name, _, text in corpus.TOOL_TEXTS}

@@ -8,13 +8,13 @@ import math
 import pytest
 
 from conftest import conversations
-from eagle3_datagen.client import parse_rid
 from eagle3_datagen.engine.backends import ScriptedBackend
 from eagle3_datagen.engine.server import Faults
-from eagle3_datagen.generate import generate
-from eagle3_datagen.pilot import pilot_generate, project, project_pilot, sample_keys
+from eagle3_datagen.generation.client import parse_rid
 from eagle3_datagen.settings import defaults
-from eagle3_datagen.tables import read_rows
+from eagle3_datagen.steps.generate import generate
+from eagle3_datagen.steps.pilot import pilot_generate, project, project_pilot, sample_keys
+from eagle3_datagen.storage.tables import read_rows
 from engine_thread import running_engine
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}

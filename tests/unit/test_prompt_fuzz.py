@@ -28,8 +28,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import qwen3_model, tokenize_file
-from eagle3_datagen import prompts
-from eagle3_datagen.prompts import (
+from eagle3_datagen.settings import Budget, ModelProfile, canonical_json
+from eagle3_datagen.storage import prompts
+from eagle3_datagen.storage.prompts import (
     ROLES,
     SHAREGPT_ROLES,
     PromptFileError,
@@ -39,8 +40,7 @@ from eagle3_datagen.prompts import (
     iter_prompts,
     normalize_row,
 )
-from eagle3_datagen.settings import Budget, ModelProfile, canonical_json
-from eagle3_datagen.tables import PROMPTS_SCHEMA, TableWriter, read_rows
+from eagle3_datagen.storage.tables import PROMPTS_SCHEMA, TableWriter, read_rows
 
 # ---------------------------------------------------------------------------------------------------
 # Strategies
@@ -687,7 +687,7 @@ def test_an_exception_nobody_foresaw_skips_its_row_marked_and_logged(tmp_path, m
 
 @pytest.fixture(scope="module", params=["qwen3", "kimi"])
 def chat(request, qwen3_tokenizer_dir):
-    from eagle3_datagen.templating import ChatTokenizer, load_tokenizer
+    from eagle3_datagen.tokens.templating import ChatTokenizer, load_tokenizer
 
     if request.param == "qwen3":
         profile = ModelProfile.from_config(qwen3_model(qwen3_tokenizer_dir))
@@ -709,7 +709,7 @@ jsonl_rows = st.tuples(object_rows, st.lists(rows, max_size=5)).map(lambda rows:
 
 @given(records=jsonl_rows, ascii_only=st.booleans(), turns=st.sampled_from(["all", "last"]))
 def test_every_row_becomes_an_ok_or_skipped_row_of_the_prompts_table(chat, records, ascii_only, turns):
-    from eagle3_datagen.tokenize_prompts import build_prompt_rows
+    from eagle3_datagen.steps.tokenize_prompts import build_prompt_rows
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "p.jsonl"

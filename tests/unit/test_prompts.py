@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_datagen.prompts import read_prompts
+from eagle3_datagen.storage.prompts import read_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import yaml
 from snakemake.iocontainers import Namedlist
 
 from eagle3_datagen import runner
-from eagle3_datagen.layout import PATHS
+from eagle3_datagen.storage.layout import PATHS
 from eagle3_datagen.workflow import PARAMS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from eagle3_datagen.redact import is_secret_name, redact, redact_command
-from eagle3_datagen.servers import local_engine_command, sglang_command
+from eagle3_datagen.generation.redact import is_secret_name, redact, redact_command
+from eagle3_datagen.generation.servers import local_engine_command, sglang_command
 from eagle3_datagen.settings import defaults
 from eagle3_datagen.workflow import check_engine, generate_gpus
 
@@ -121,7 +121,7 @@ def test_the_watchdog_stops_the_server_when_its_job_dies(tmp_path):
     server = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
     job = (
         "import subprocess, sys, time; "
-        f"subprocess.Popen([sys.executable, '-m', 'eagle3_datagen.watchdog', '--parent', str(__import__('os').getpid()), '--', sys.executable, '-c', {server!r}], start_new_session=True); "
+        f"subprocess.Popen([sys.executable, '-m', 'eagle3_datagen.generation.watchdog', '--parent', str(__import__('os').getpid()), '--', sys.executable, '-c', {server!r}], start_new_session=True); "
         "time.sleep(120)"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
@@ -157,7 +157,7 @@ def test_every_attempt_keeps_its_own_logs(tmp_path, caplog):
     import logging
     import signal
 
-    from eagle3_datagen.servers import attempt_logs, stop_message
+    from eagle3_datagen.generation.servers import attempt_logs, stop_message
 
     caplog.set_level(logging.INFO)  # as a job's logging is set up
     server_log = tmp_path / "logs" / "generate" / "c" / "shard_0.server.log"

@@ -8,15 +8,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import QWEN3_MODEL, conversations
-from eagle3_datagen.check_parsers import check_parsers
-from eagle3_datagen.check_sequences import check_sequences
 from eagle3_datagen.engine.backends import ScriptedBackend
-from eagle3_datagen.export_dataset import export_dataset, merge_dataset
-from eagle3_datagen.figures import plot_checks
-from eagle3_datagen.generate import generate, merge_shards
 from eagle3_datagen.settings import defaults
-from eagle3_datagen.summarize import summarize
-from eagle3_datagen.tables import (
+from eagle3_datagen.steps.check_parsers import check_parsers
+from eagle3_datagen.steps.check_sequences import check_sequences
+from eagle3_datagen.steps.export_dataset import export_dataset, merge_dataset
+from eagle3_datagen.steps.generate import generate, merge_shards
+from eagle3_datagen.steps.plot_checks import plot_checks
+from eagle3_datagen.steps.summarize import summarize
+from eagle3_datagen.steps.tokenize_prompts import tokenize_prompts
+from eagle3_datagen.storage.tables import (
     GENERATIONS_SCHEMA,
     Batching,
     TableWriter,
@@ -26,7 +27,6 @@ from eagle3_datagen.tables import (
     read_rows,
     write_table,
 )
-from eagle3_datagen.tokenize_prompts import tokenize_prompts
 from engine_thread import running_engine
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -220,7 +220,7 @@ def test_a_writer_left_by_an_error_leaves_no_table(tmp_path):
 def test_long_steps_say_how_far_they_are(caplog):
     import logging
 
-    from eagle3_datagen.tables import logged
+    from eagle3_datagen.storage.tables import logged
 
     with caplog.at_level(logging.INFO):
         batches = list(logged(([i] * 3 for i in range(4)), 12, "a_step", interval_s=0))

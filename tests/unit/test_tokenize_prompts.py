@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import qwen3_model, tokenize_file
-from eagle3_datagen.tables import read_provenance, read_rows
-from eagle3_datagen.tokenize_prompts import BadRows
+from eagle3_datagen.steps.tokenize_prompts import BadRows
+from eagle3_datagen.storage.tables import read_provenance, read_rows
 
 GOOD = [{"id": f"g-{i}", "messages": [{"role": "user", "content": f"good question {i}"}]} for i in range(3)]
 SOURCE = Path("config/prompts/bad.jsonl")
@@ -106,8 +106,8 @@ def test_rows_skipped_by_an_unexpected_error_are_counted_and_past_the_limit_fail
 ):
     """An exception other than a RowError is possibly a bug: its row is skipped and counted apart,
     and when more than max_unexpected_row_share of the rows are, the category fails."""
-    from eagle3_datagen import prompts
-    from eagle3_datagen.tokenize_prompts import UnexpectedRows
+    from eagle3_datagen.steps.tokenize_prompts import UnexpectedRows
+    from eagle3_datagen.storage import prompts
 
     real = prompts.normalize_row
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from .tables import read_provenance
+from eagle3_datagen.storage.tables import read_provenance
 
 log = logging.getLogger(__name__)
 

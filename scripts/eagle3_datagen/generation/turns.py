@@ -28,9 +28,9 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .client import Request, RequestTemplate
-from .settings import Budget, ModelProfile, stable_hash
-from .templating import output_budget
+from eagle3_datagen.generation.client import Request, RequestTemplate
+from eagle3_datagen.settings import Budget, ModelProfile, stable_hash
+from eagle3_datagen.tokens.templating import output_budget
 
 TURN_MODES = ("all", "last")
 
@@ -119,8 +119,8 @@ class TurnBuilder:
     @property
     def layer(self):
         if self._layer is None:
-            from .chat_layer import ChatLayer
-            from .templating import load_tokenizer, tokenizer_fingerprint
+            from eagle3_datagen.tokens.chat_layer import ChatLayer
+            from eagle3_datagen.tokens.templating import load_tokenizer, tokenizer_fingerprint
 
             tokenizer = self._load() if self._load is not None else load_tokenizer(self.profile)
             found = tokenizer_fingerprint(tokenizer)["tokenizer_sha256"]

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
-from . import http
-from .journal import Journal
-from .load import Concurrency, Load, Timeline, parse_loads
-from .settings import ClientSettings, canonical_json
+from eagle3_datagen.generation import http
+from eagle3_datagen.generation.journal import Journal
+from eagle3_datagen.generation.load import Concurrency, Load, Timeline, parse_loads
+from eagle3_datagen.settings import ClientSettings, canonical_json
 
 log = logging.getLogger(__name__)
 

@@ -84,7 +84,7 @@ class Batching:
 
     @classmethod
     def from_config(cls, batch: dict | None = None) -> "Batching":
-        from .settings import defaults
+        from eagle3_datagen.settings import defaults
 
         return cls(**defaults("batch", **(batch or {})))
 

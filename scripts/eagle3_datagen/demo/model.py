@@ -17,8 +17,8 @@ without the Hugging Face hub, so the tests and the CPU demo build stand-ins:
 
 Command line::
 
-    python -m eagle3_datagen.demo_model kimi-tokenizer OUT_DIR
-    python -m eagle3_datagen.demo_model demo-model OUT_DIR [--steps N] [--seed S]
+    python -m eagle3_datagen.demo.model kimi-tokenizer OUT_DIR
+    python -m eagle3_datagen.demo.model demo-model OUT_DIR [--steps N] [--seed S]
 
 Every output directory is built in a temporary sibling directory and renamed into
 place at the end, so an interrupted build never leaves a complete-looking directory.
@@ -715,7 +715,7 @@ def build_demo_model(*, demo_weights: Path, demo_model: dict) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m eagle3_datagen.demo_model",
+        prog="python -m eagle3_datagen.demo.model",
         description="Build the demo's Kimi-shaped tokenizer, or it and the tiny demo model, offline.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")

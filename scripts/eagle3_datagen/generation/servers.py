@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .redact import redact, redact_command
-from .settings import ModelProfile
+from eagle3_datagen.generation.redact import redact, redact_command
+from eagle3_datagen.settings import ModelProfile
 
 log = logging.getLogger(__name__)
 
@@ -168,13 +168,20 @@ class ManagedServer:
     def start(self) -> str:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
-        src = str(Path(__file__).resolve().parents[1])
+        src = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ if self.env is None else self.env)
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         log.info("starting server: %s (log: %s)", redact_command(self.cmd), self.log_path)
         # The watchdog runs the server in a process group of its own and takes the whole group down
         # when this process dies, even by SIGKILL: no server outlives its job.
-        watched = [sys.executable, "-m", "eagle3_datagen.watchdog", "--parent", str(os.getpid()), "--"] + self.cmd
+        watched = [
+            sys.executable,
+            "-m",
+            "eagle3_datagen.generation.watchdog",
+            "--parent",
+            str(os.getpid()),
+            "--",
+        ] + self.cmd
         self.proc = subprocess.Popen(
             watched, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
@@ -353,7 +360,7 @@ def job_facts() -> dict:
 
 
 async def _server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
-    from .client import check_server_info, fetch_info
+    from eagle3_datagen.generation.client import check_server_info, fetch_info
 
     infos = {}
     for url in urls:

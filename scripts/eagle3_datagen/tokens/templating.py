@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .settings import Budget, ModelProfile
+from eagle3_datagen.settings import Budget, ModelProfile
 
 CONTROL_TOKEN_POLICY = "literal-as-text"
 # Private-use characters mark where literal control text was cut out of a message.

@@ -6,9 +6,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .settings import ModelProfile
-from .tables import Batching, count_rows, iter_batches, logged
-from .templating import ChatTokenizer, load_tokenizer, stop_set, token_ids
+from eagle3_datagen.settings import ModelProfile
+from eagle3_datagen.storage.tables import Batching, count_rows, iter_batches, logged
+from eagle3_datagen.tokens.templating import ChatTokenizer, load_tokenizer, stop_set, token_ids
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class SequenceChecker:
             report.add(g, "history_holds_answers", "the turn before is not an ok row just before this one")
             return
         if self._layer is None:
-            from .chat_layer import ChatLayer
+            from eagle3_datagen.tokens.chat_layer import ChatLayer
 
             self._layer = ChatLayer(self.tokenizer, self.profile)
         earlier = json.loads(before["messages"])

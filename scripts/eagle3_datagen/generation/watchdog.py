@@ -1,6 +1,6 @@
 """Run a server so that it never outlives the job that started it.
 
-`python -m eagle3_datagen.watchdog --parent PID -- CMD ...` runs CMD in the watchdog's process group
+`python -m eagle3_datagen.generation.watchdog --parent PID -- CMD ...` runs CMD in the watchdog's process group
 (the job starts the watchdog as a session leader) and watches PID. When PID is gone — the
 job was killed, even with SIGKILL — the whole group gets SIGTERM, then SIGKILL. SIGTERM to the
 watchdog is passed on to the group the same way. It exits with CMD's exit code.

@@ -12,11 +12,17 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from .prompts import PromptRow, ReadOptions, iter_prompts, without_source
-from .settings import Budget, ModelProfile, stable_hash
-from .tables import PROMPTS_SCHEMA, Batching, TableWriter
-from .templating import CONTROL_TOKEN_POLICY, ChatTokenizer, load_tokenizer, output_budget, token_facts
-from .turns import turn_ends
+from eagle3_datagen.generation.turns import turn_ends
+from eagle3_datagen.settings import Budget, ModelProfile, stable_hash
+from eagle3_datagen.storage.prompts import PromptRow, ReadOptions, iter_prompts, without_source
+from eagle3_datagen.storage.tables import PROMPTS_SCHEMA, Batching, TableWriter
+from eagle3_datagen.tokens.templating import (
+    CONTROL_TOKEN_POLICY,
+    ChatTokenizer,
+    load_tokenizer,
+    output_budget,
+    token_facts,
+)
 
 log = logging.getLogger(__name__)
 

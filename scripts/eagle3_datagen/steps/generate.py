@@ -15,10 +15,21 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .client import GenerateClient, Request, ServerDied, run_loop
-from .journal import Journal
-from .locks import ShardLock
-from .plan_generation import (
+from eagle3_datagen.generation.client import GenerateClient, Request, ServerDied, run_loop
+from eagle3_datagen.generation.journal import Journal
+from eagle3_datagen.generation.locks import ShardLock
+from eagle3_datagen.generation.servers import (
+    api_key,
+    attempt_logs,
+    job_facts,
+    seeds_honoured,
+    server_provenance,
+    servers,
+    terminate_on_sigterm,
+)
+from eagle3_datagen.generation.turns import TurnBuilder, follower, walk
+from eagle3_datagen.settings import ClientSettings, ModelProfile, stable_hash
+from eagle3_datagen.steps.plan_generation import (
     journal_path,
     make_builder,
     make_plan,
@@ -27,10 +38,8 @@ from .plan_generation import (
     shard_of,
     shard_rows,
 )
-from .prompts import without_source
-from .servers import api_key, attempt_logs, job_facts, seeds_honoured, server_provenance, servers, terminate_on_sigterm
-from .settings import ClientSettings, ModelProfile, stable_hash
-from .tables import (
+from eagle3_datagen.storage.prompts import without_source
+from eagle3_datagen.storage.tables import (
     GENERATIONS_SCHEMA,
     Batching,
     TableWriter,
@@ -40,7 +49,6 @@ from .tables import (
     iter_rows,
     read_provenance,
 )
-from .turns import TurnBuilder, follower, walk
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ import orjson
 import pandas as pd
 import pyarrow.compute as pc
 
-from .figures import plot_lengths, plot_turns
-from .prompts import without_source
-from .tables import DEFAULT_BATCHING, Batching, iter_record_batches, read_provenance
+from eagle3_datagen.figures import plot_lengths, plot_turns
+from eagle3_datagen.storage.prompts import without_source
+from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_record_batches, read_provenance
 
 log = logging.getLogger(__name__)
 

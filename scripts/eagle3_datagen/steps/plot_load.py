@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from .figures import draw_load
-from .tables import DEFAULT_BATCHING, Batching, iter_record_batches, read_provenance
+from eagle3_datagen.figures import draw_load
+from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_record_batches, read_provenance
 
 log = logging.getLogger(__name__)
 

@@ -23,14 +23,13 @@ from pathlib import Path
 
 import orjson
 
-from .export_dataset import dataset_row
-from .generate import ASSEMBLE_COLUMNS, generate_category, sending_job
-from .journal import Journal
-from .plan_generation import journal_path
-from .servers import job_facts
-from .settings import ClientSettings, ModelProfile, stable_hash
-from .tables import iter_batches, iter_rows, read_provenance
-from .workflow import server_gpus
+from eagle3_datagen.generation.journal import Journal
+from eagle3_datagen.generation.servers import job_facts
+from eagle3_datagen.settings import ClientSettings, ModelProfile, server_gpus, stable_hash
+from eagle3_datagen.steps.export_dataset import dataset_row
+from eagle3_datagen.steps.generate import ASSEMBLE_COLUMNS, generate_category, sending_job
+from eagle3_datagen.steps.plan_generation import journal_path
+from eagle3_datagen.storage.tables import iter_batches, iter_rows, read_provenance
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +227,7 @@ def project_pilot(
     """The projection table (per category and in total) and its figure, from every category's pilot."""
     import pandas as pd
 
-    from .figures import plot_projection
+    from eagle3_datagen.figures import plot_projection
 
     rows = []
     for category, gen_path, run_path in zip(categories, pilot_generations, pilot_run):

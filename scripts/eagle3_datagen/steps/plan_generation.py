@@ -13,11 +13,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .client import Request, RequestTemplate
-from .journal import Journal
-from .settings import Budget, ModelProfile
-from .tables import Batching, iter_rows, read_provenance
-from .turns import TurnBuilder, walk
+from eagle3_datagen.generation.client import Request, RequestTemplate
+from eagle3_datagen.generation.journal import Journal
+from eagle3_datagen.generation.turns import TurnBuilder, walk
+from eagle3_datagen.settings import Budget, ModelProfile
+from eagle3_datagen.storage.tables import Batching, iter_rows, read_provenance
 
 log = logging.getLogger(__name__)
 

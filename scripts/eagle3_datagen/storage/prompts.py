@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .settings import stable_hash
+from eagle3_datagen.settings import stable_hash
 
 log = logging.getLogger(__name__)
 

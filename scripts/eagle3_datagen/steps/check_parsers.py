@@ -46,11 +46,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from . import parsers
-from .chat_layer import ChatLayer
-from .settings import ModelProfile
-from .tables import Batching, TableWriter, count_rows, iter_batches, logged
-from .templating import batch_decode, group_by_tools, load_tokenizer, token_ids
+from eagle3_datagen.settings import ModelProfile
+from eagle3_datagen.storage.tables import Batching, TableWriter, count_rows, iter_batches, logged
+from eagle3_datagen.tokens import parsers
+from eagle3_datagen.tokens.chat_layer import ChatLayer
+from eagle3_datagen.tokens.templating import batch_decode, group_by_tools, load_tokenizer, token_ids
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 
-from .settings import defaults
-from .tables import IDS, Batching, TableWriter, count_rows, iter_batches, logged
+from eagle3_datagen.settings import defaults
+from eagle3_datagen.storage.tables import IDS, Batching, TableWriter, count_rows, iter_batches, logged
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ have put it there). Text is only ever used to build messages; token ids come fro
 
 from __future__ import annotations
 
-from . import parsers
-from .settings import ModelProfile
-from .templating import ChatTokenizer, batch_decode, stop_set, token_id
+from eagle3_datagen.settings import ModelProfile
+from eagle3_datagen.tokens import parsers
+from eagle3_datagen.tokens.templating import ChatTokenizer, batch_decode, stop_set, token_id
 
 
 def _template_text(tokenizer) -> str | None:
