@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from transformers import AutoTokenizer  # noqa: E402
 
-from eagle3_datagen.demo.model import build_kimi_shaped_tokenizer, qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.demo.tokenizers import build_kimi_shaped_tokenizer, qwen3_tokenizer_dir  # noqa: E402
 from eagle3_datagen.settings import ModelProfile  # noqa: E402
 from eagle3_datagen.steps import check_parsers as parser_check  # noqa: E402
 from eagle3_datagen.tokens.templating import ChatTokenizer  # noqa: E402
@@ -54,9 +54,9 @@ def real_text(min_chars: int = 3_000_000) -> str:
 def kimi_tokenizer_path() -> Path:
     import hashlib
 
-    from eagle3_datagen.demo import model as fixtures
+    from eagle3_datagen.demo import model, tokenizers
 
-    key = hashlib.sha256(Path(fixtures.__file__).read_bytes()).hexdigest()[:16]
+    key = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (tokenizers, model))).hexdigest()[:16]
     path = ROOT / ".cache" / "fixtures" / key / "kimi_tokenizer"
     if not path.is_dir():
         build_kimi_shaped_tokenizer(path)

@@ -19,9 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from client_load import engine  # noqa: E402  (the same scripted engine as the load benchmark)
-from eagle3_datagen.demo.model import qwen3_tokenizer_dir  # noqa: E402
-from eagle3_datagen.generation.client import GenerateClient, Request, RequestTemplate  # noqa: E402
+from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.generation.client import GenerateClient  # noqa: E402
 from eagle3_datagen.generation.journal import Journal  # noqa: E402
+from eagle3_datagen.generation.requests import Request, RequestTemplate  # noqa: E402
 from eagle3_datagen.generation.servers import free_port  # noqa: E402
 from eagle3_datagen.settings import ClientSettings  # noqa: E402
 

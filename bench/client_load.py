@@ -19,7 +19,7 @@ Every client run writes the journal, as the pipeline's generate rule does.
       client counter  time-weighted, from every change of GenerateClient.in_flight;
       sampled 5 ms    GenerateClient.in_flight read every 5 ms by a task in the same event loop;
       on the wire     time-weighted count of requests handed to their connection whose answer was
-                      not yet read whole (a wrapper around http.Server.post): what the server holds.
+                      not yet read whole (wrappers around aiohttp's request and read): what the server holds.
     For each: the share of the window at `concurrency` (the goal is at least 99 %), the mean level
     over `concurrency`, and the gap per request (the time-integral of the shortfall divided by the
     requests finished: how long each answer leaves its slot empty before the next request goes
@@ -49,13 +49,16 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import aiohttp  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from eagle3_datagen.demo.model import qwen3_tokenizer_dir  # noqa: E402
-from eagle3_datagen.generation import http  # noqa: E402
-from eagle3_datagen.generation.client import GenerateClient, Request, RequestTemplate, parse_response  # noqa: E402
+from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.generation.answers import parse_response  # noqa: E402
+from eagle3_datagen.generation.client import GenerateClient  # noqa: E402
 from eagle3_datagen.generation.journal import Journal  # noqa: E402
+from eagle3_datagen.generation.requests import Request, RequestTemplate  # noqa: E402
 from eagle3_datagen.generation.servers import ManagedServer, free_port  # noqa: E402
 from eagle3_datagen.settings import ClientSettings  # noqa: E402
 from eagle3_datagen.storage.prompts import read_prompts  # noqa: E402
@@ -134,24 +137,37 @@ class RecordingClient(GenerateClient):
 @contextmanager
 def traced_sessions(changes: list[tuple[float, int]]):
     """Every /generate request the client makes records its time on the wire: from the request
-    handed to its connection (written at once, in one piece) to the whole answer read."""
+    handed to aiohttp (`ClientSession._request`) to its answer read whole (`ClientResponse.read`)."""
     state = {"n": 0}
-    real = http.Server.post
+    real_request, real_read = aiohttp.ClientSession._request, aiohttp.ClientResponse.read
 
-    async def post(self, path, body):
-        state["n"] += 1
+    def note(step: int) -> None:
+        state["n"] += step
         changes.append((time.perf_counter(), state["n"]))
-        try:
-            return await real(self, path, body)
-        finally:
-            state["n"] -= 1
-            changes.append((time.perf_counter(), state["n"]))
 
-    http.Server.post = post
+    async def request(self, method, url, *args, **kwargs):
+        generate = str(url).endswith("/generate")
+        if generate:
+            note(+1)
+        try:
+            return await real_request(self, method, url, *args, **kwargs)
+        except BaseException:
+            if generate:
+                note(-1)
+            raise
+
+    async def read(self):
+        try:
+            return await real_read(self)
+        finally:
+            if self.url.path.endswith("/generate"):
+                note(-1)
+
+    aiohttp.ClientSession._request, aiohttp.ClientResponse.read = request, read
     try:
         yield
     finally:
-        http.Server.post = real
+        aiohttp.ClientSession._request, aiohttp.ClientResponse.read = real_request, real_read
 
 
 def share_at(changes: list[tuple[float, int]], level: int, t0: float, t1: float) -> float:

@@ -680,7 +680,7 @@ def main() -> None:
         worker_main(args)
         return
 
-    from eagle3_datagen.demo.model import qwen3_tokenizer_dir
+    from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir
     from eagle3_datagen.generation.servers import free_port
     from eagle3_datagen.settings import defaults
 

@@ -59,9 +59,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import client_load  # noqa: E402
 from client_load import SAMPLING, build_requests  # noqa: E402
-from eagle3_datagen.demo.model import qwen3_tokenizer_dir  # noqa: E402
-from eagle3_datagen.generation.client import GenerateClient, Request, RequestTemplate  # noqa: E402
+from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.generation.client import GenerateClient  # noqa: E402
 from eagle3_datagen.generation.journal import Journal  # noqa: E402
+from eagle3_datagen.generation.requests import Request, RequestTemplate  # noqa: E402
 from eagle3_datagen.generation.servers import ManagedServer, free_port  # noqa: E402
 from eagle3_datagen.settings import ClientSettings  # noqa: E402
 

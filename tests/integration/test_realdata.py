@@ -10,11 +10,11 @@ import yaml
 from workdir import ROOT, Workdir
 
 from conftest import qwen3_model, tokenize_file
-from eagle3_datagen.generation.client import parse_rid
+from eagle3_datagen.generation.requests import parse_rid
 from eagle3_datagen.settings import ModelProfile, defaults
 from eagle3_datagen.storage.prompts import without_source
 from eagle3_datagen.storage.tables import read_provenance, read_rows
-from eagle3_datagen.tokens.templating import load_tokenizer
+from eagle3_datagen.tokens.vocabulary import load_tokenizer
 from realdata import complete_elements, prompt_file
 
 pytestmark = pytest.mark.slow

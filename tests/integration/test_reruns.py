@@ -10,7 +10,7 @@ import shutil
 import pytest
 from workdir import ROOT, Workdir
 
-from eagle3_datagen.generation.client import parse_rid
+from eagle3_datagen.generation.requests import parse_rid
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from collections import defaultdict
 import pytest
 from workdir import ROOT, SNAKEMAKE, Workdir
 
-from eagle3_datagen.generation.client import parse_rid
+from eagle3_datagen.generation.requests import parse_rid
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import time
 import pytest
 from workdir import Workdir
 
-from eagle3_datagen.generation.client import parse_rid
+from eagle3_datagen.generation.requests import parse_rid
 
 pytestmark = pytest.mark.slow
 

@@ -282,7 +282,7 @@ def test_a_killed_snakemakes_orphan_and_its_twin_never_send_the_same_row(slurm_c
     the same shard refuses while the orphan holds the journal; once it is done, a rerun finishes."""
     import signal
 
-    from eagle3_datagen.generation.client import parse_rid
+    from eagle3_datagen.generation.requests import parse_rid
 
     n = 40
     wd = Workdir(

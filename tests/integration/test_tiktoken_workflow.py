@@ -8,7 +8,7 @@ import pytest
 import yaml
 from workdir import ROOT, Workdir, demo_rows
 
-from eagle3_datagen.generation.client import parse_rid
+from eagle3_datagen.generation.requests import parse_rid
 from eagle3_datagen.storage.tables import read_provenance, read_rows
 
 pytestmark = pytest.mark.slow

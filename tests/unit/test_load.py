@@ -7,9 +7,10 @@ import random
 
 import pytest
 
-from eagle3_datagen.engine.capacity import KVScheduler, StepModel
-from eagle3_datagen.generation.client import Slots
+from eagle3_datagen.engine.capacity.scheduler import KVScheduler
+from eagle3_datagen.engine.capacity.step_model import StepModel
 from eagle3_datagen.generation.load import Concurrency, Load, Timeline, parse_loads
+from eagle3_datagen.generation.pacing import Slots
 
 
 def test_v1_loads_and_get_load_read_as_one_load_over_ranks():

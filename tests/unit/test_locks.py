@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import conversations
-from eagle3_datagen.engine.backends import ScriptedBackend
+from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 from eagle3_datagen.generation.locks import ShardBusy, ShardLock
 from engine_thread import running_engine
 
@@ -71,7 +71,7 @@ print(json.dumps({"ok": True}))
 
 
 def test_two_jobs_for_one_shard_started_together_send_each_row_once(make_prompts, qwen3_tokenizer_dir, tmp_path):
-    from eagle3_datagen.engine.server import Faults
+    from eagle3_datagen.engine.server.faults import Faults
     from eagle3_datagen.settings import defaults
     from eagle3_datagen.storage.tables import read_rows
 

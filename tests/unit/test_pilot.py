@@ -8,9 +8,9 @@ import math
 import pytest
 
 from conftest import conversations
-from eagle3_datagen.engine.backends import ScriptedBackend
-from eagle3_datagen.engine.server import Faults
-from eagle3_datagen.generation.client import parse_rid
+from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.server.faults import Faults
+from eagle3_datagen.generation.requests import parse_rid
 from eagle3_datagen.settings import defaults
 from eagle3_datagen.steps.generate import generate
 from eagle3_datagen.steps.pilot import pilot_generate, project, project_pilot, sample_keys

@@ -12,7 +12,8 @@ import zstandard
 
 from conftest import qwen3_model, tokenize_file
 from eagle3_datagen.steps.tokenize_prompts import BadRows
-from eagle3_datagen.storage.prompts import PromptFileError, read_prompts
+from eagle3_datagen.storage.prompt_files import PromptFileError
+from eagle3_datagen.storage.prompts import read_prompts
 
 SHAREGPT = [
     {
@@ -159,7 +160,7 @@ def test_sharegpt_quirks_follow_one_stated_rule_each_and_are_counted(tmp_path):
 
 
 def test_per_category_options_field_id_system_prompt_and_sampling(tmp_path):
-    from eagle3_datagen.storage.prompts import ReadOptions
+    from eagle3_datagen.storage.prompt_rows import ReadOptions
 
     rows = [{"uid": f"u{i}", "chat": [{"role": "user", "content": f"q{i}"}]} for i in range(200)]
     path = tmp_path / "c.jsonl"
@@ -180,7 +181,7 @@ def test_per_category_options_field_id_system_prompt_and_sampling(tmp_path):
 
 
 def test_dedup_sends_a_repeated_conversation_once_and_names_what_it_repeats(tmp_path):
-    from eagle3_datagen.storage.prompts import ReadOptions
+    from eagle3_datagen.storage.prompt_rows import ReadOptions
 
     same = [{"role": "user", "content": "Same question"}]
     rows = [
@@ -201,7 +202,7 @@ def test_dedup_sends_a_repeated_conversation_once_and_names_what_it_repeats(tmp_
 def test_a_json_array_streams_through_small_blocks_with_the_same_rows_and_lines(tmp_path, monkeypatch, block):
     """Blocks smaller than one element, numbers cut at a block's end, multi-byte characters split
     across blocks and the buffer's compaction give the rows and lines of a whole-file read."""
-    from eagle3_datagen.storage import prompts
+    from eagle3_datagen.storage import prompt_files
 
     conversations = [
         {"id": 10**i, "conversations": [{"from": "human", "value": f"Frage {i}: café ✓ {'x' * (i * 13)}"}]}
@@ -210,7 +211,7 @@ def test_a_json_array_streams_through_small_blocks_with_the_same_rows_and_lines(
     path = tmp_path / "stream.json"
     path.write_text(json.dumps(conversations, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     expected = read_prompts(path)
-    monkeypatch.setattr(prompts, "BLOCK", block)
+    monkeypatch.setattr(prompt_files, "BLOCK", block)
     rows = read_prompts(path)
     assert [(r.id, r.source, r.messages) for r in rows] == [(e.id, e.source, e.messages) for e in expected]
     assert [r.id for r in rows] == [str(10**i) for i in range(12)]
@@ -223,9 +224,9 @@ def test_a_json_array_streams_through_small_blocks_with_the_same_rows_and_lines(
 
 
 def test_jsonl_lines_longer_than_a_block_and_a_last_line_without_newline(tmp_path, monkeypatch):
-    from eagle3_datagen.storage import prompts
+    from eagle3_datagen.storage import prompt_files
 
-    monkeypatch.setattr(prompts, "BLOCK", 5)
+    monkeypatch.setattr(prompt_files, "BLOCK", 5)
     path = tmp_path / "long.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in SHAREGPT) + "\n\n" + json.dumps(BROKEN))
     rows = read_prompts(path)

@@ -29,17 +29,10 @@ from hypothesis import strategies as st
 
 from conftest import qwen3_model, tokenize_file
 from eagle3_datagen.settings import Budget, ModelProfile, canonical_json
-from eagle3_datagen.storage import prompts
-from eagle3_datagen.storage.prompts import (
-    ROLES,
-    SHAREGPT_ROLES,
-    PromptFileError,
-    PromptRow,
-    ReadOptions,
-    RowError,
-    iter_prompts,
-    normalize_row,
-)
+from eagle3_datagen.storage import prompt_files, prompts
+from eagle3_datagen.storage.prompt_files import PromptFileError
+from eagle3_datagen.storage.prompt_rows import ROLES, SHAREGPT_ROLES, PromptRow, ReadOptions, RowError, normalize_row
+from eagle3_datagen.storage.prompts import iter_prompts
 from eagle3_datagen.storage.tables import PROMPTS_SCHEMA, TableWriter, read_rows
 
 # ---------------------------------------------------------------------------------------------------
@@ -318,8 +311,8 @@ def dumped(value, ascii_only: bool, indent=None) -> bytes:
     return json.dumps(value, ensure_ascii=ascii_only, indent=indent).encode("utf-8", "surrogatepass")
 
 
-def read_all(path: Path, options: ReadOptions | None = None, block: int = prompts.BLOCK) -> list[PromptRow]:
-    with mock.patch.object(prompts, "BLOCK", block):
+def read_all(path: Path, options: ReadOptions | None = None, block: int = prompt_files.BLOCK) -> list[PromptRow]:
+    with mock.patch.object(prompt_files, "BLOCK", block):
         got = list(iter_prompts(path, options))
     for row in got:
         assert isinstance(row, PromptRow) and not row.unexpected, row.reason
@@ -342,7 +335,7 @@ garbage_lines = st.one_of(
     ),
 )
 compressions = st.sampled_from(["", ".gz", ".zst"])
-# Block sizes of the streaming readers (prompts.BLOCK, 1 MiB): small ones cut lines, numbers and
+# Block sizes of the streaming readers (prompt_files.BLOCK, 1 MiB): small ones cut lines, numbers and
 # multi-byte characters at blocks' ends. A compressed file is read in 64 bytes or more: gzip's cost
 # per read would make 1-byte reads of a 60 kB file take seconds.
 blocks = st.sampled_from([1, 7, 64, 1 << 20])
@@ -664,7 +657,7 @@ def test_an_exception_nobody_foresaw_skips_its_row_marked_and_logged(tmp_path, m
             json.dumps({"id": f"r{i}", "messages": [{"role": "user", "content": f"q{i}"}]}) + "\n" for i in range(3)
         )
     )
-    real = prompts.normalize_row
+    real = normalize_row
 
     def flaky(obj, **kwargs):
         if obj["id"] == "r1":
@@ -687,7 +680,8 @@ def test_an_exception_nobody_foresaw_skips_its_row_marked_and_logged(tmp_path, m
 
 @pytest.fixture(scope="module", params=["qwen3", "kimi"])
 def chat(request, qwen3_tokenizer_dir):
-    from eagle3_datagen.tokens.templating import ChatTokenizer, load_tokenizer
+    from eagle3_datagen.tokens.templating import ChatTokenizer
+    from eagle3_datagen.tokens.vocabulary import load_tokenizer
 
     if request.param == "qwen3":
         profile = ModelProfile.from_config(qwen3_model(qwen3_tokenizer_dir))

@@ -6,7 +6,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from eagle3_datagen.settings import Budget, ModelProfile
-from eagle3_datagen.tokens.templating import ChatTokenizer, ControlText, output_budget, token_id, tokenizer_fingerprint
+from eagle3_datagen.tokens.encoding import ControlText
+from eagle3_datagen.tokens.templating import ChatTokenizer
+from eagle3_datagen.tokens.token_facts import output_budget
+from eagle3_datagen.tokens.vocabulary import token_id, tokenizer_fingerprint
 
 WEATHER = [
     {
@@ -164,7 +167,7 @@ def test_text_only_encoding_equals_a_tokenizer_without_added_tokens(request, fix
 
     from tokenizers import Tokenizer
 
-    from eagle3_datagen.tokens.templating import TextOnlyEncoder
+    from eagle3_datagen.tokens.encoding import TextOnlyEncoder
 
     tok, _ = request.getfixturevalue(fixture_name)
     spec = json.loads(tok.backend_tokenizer.to_str())
@@ -189,7 +192,7 @@ def test_the_tokenizer_loads_as_autotokenizer_would_without_torch(which, qwen3, 
     import subprocess
     import sys
 
-    from eagle3_datagen.tokens.templating import load_tokenizer
+    from eagle3_datagen.tokens.vocabulary import load_tokenizer
 
     auto, profile = {"qwen3": qwen3, "kimi": kimi}[which]
     ours = load_tokenizer(profile)
@@ -209,7 +212,7 @@ def test_the_tokenizer_loads_as_autotokenizer_would_without_torch(which, qwen3, 
             )
             assert ours.apply_chat_template(messages, **kwargs) == auto.apply_chat_template(messages, **kwargs)
     probe = (
-        "import sys; from eagle3_datagen.tokens.templating import load_tokenizer; from eagle3_datagen.settings import ModelProfile; "
+        "import sys; from eagle3_datagen.tokens.vocabulary import load_tokenizer; from eagle3_datagen.settings import ModelProfile; "
         f"load_tokenizer(ModelProfile(name='x', tokenizer={profile.tokenizer!r}, context_length=8)); print('torch' in sys.modules)"
     )
     done = subprocess.run(
@@ -224,7 +227,7 @@ def test_batch_decode_is_the_tokenizers_own(request, fixture_name):
     text for random ids, special and added tokens included, skipped or not."""
     import random
 
-    from eagle3_datagen.tokens.templating import _plain_fast_decode, batch_decode
+    from eagle3_datagen.tokens.vocabulary import _plain_fast_decode, batch_decode
 
     if fixture_name == "kimi_tiktoken":
         tok = AutoTokenizer.from_pretrained(str(request.getfixturevalue("kimi_tiktoken_dir")), trust_remote_code=True)
@@ -250,8 +253,8 @@ def test_the_stop_set_is_every_id_sglang_stops_on(qwen3, tmp_path):
     """The profile's stop tokens, the tokenizer's eos, config.json and generation_config.json
     eos_token_id (an int or a list) and SGLang's additional turn-final markers; the same set as the
     local engine derives for itself, as SGLang's scheduler does."""
-    from eagle3_datagen.engine.protocol import read_eos_token_ids
-    from eagle3_datagen.tokens.templating import stop_set
+    from eagle3_datagen.engine.model_facts import read_eos_token_ids
+    from eagle3_datagen.tokens.token_facts import stop_set
 
     tokenizer, profile = qwen3
     folder = tmp_path / "model"

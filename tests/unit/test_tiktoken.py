@@ -6,7 +6,9 @@ import json
 import pytest
 
 from eagle3_datagen.settings import ModelProfile
-from eagle3_datagen.tokens.templating import ChatTokenizer, ControlText, load_tokenizer, tiktoken_model
+from eagle3_datagen.tokens.encoding import ControlText
+from eagle3_datagen.tokens.templating import ChatTokenizer
+from eagle3_datagen.tokens.vocabulary import load_tokenizer, tiktoken_model
 
 WEATHER = [
     {
@@ -157,7 +159,7 @@ def test_it_loads_as_autotokenizer_does_without_importing_torch(kimi_tiktoken_di
     text = "Hello <|im_end|> 中文 🙂\n\n  tabs\t"
     assert tok.encode(text) == auto.encode(text) and len(tok) == len(auto)
     code = (
-        "import sys; from eagle3_datagen.tokens.templating import load_tokenizer; from eagle3_datagen.settings import "
+        "import sys; from eagle3_datagen.tokens.vocabulary import load_tokenizer; from eagle3_datagen.settings import "
         f"ModelProfile; load_tokenizer(ModelProfile(name='k', tokenizer={str(kimi_tiktoken_dir)!r}, "
         "context_length=8, trust_remote_code=True)); print('torch' in sys.modules)"
     )
@@ -223,7 +225,7 @@ def test_decoding_keeps_tool_call_tokens_and_drops_specials_when_asked(kimi):
 
 
 def test_the_fast_path_is_used_only_where_it_equals_transformers_path(kimi):
-    from eagle3_datagen.tokens.templating import TiktokenPath
+    from eagle3_datagen.tokens.encoding import TiktokenPath
 
     tok, _ = kimi
     assert TiktokenPath.applies(tok)

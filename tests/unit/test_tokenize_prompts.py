@@ -108,13 +108,12 @@ def test_rows_skipped_by_an_unexpected_error_are_counted_and_past_the_limit_fail
     and when more than max_unexpected_row_share of the rows are, the category fails."""
     from eagle3_datagen.steps.tokenize_prompts import UnexpectedRows
     from eagle3_datagen.storage import prompts
-
-    real = prompts.normalize_row
+    from eagle3_datagen.storage.prompt_rows import normalize_row
 
     def buggy(obj, **kwargs):
         if obj["id"] == "g-1":
             raise AttributeError("'NoneType' object has no attribute 'strip'")
-        return real(obj, **kwargs)
+        return normalize_row(obj, **kwargs)
 
     monkeypatch.setattr(prompts, "normalize_row", buggy)
     source = tmp_path / "p.jsonl"

@@ -6,7 +6,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from eagle3_datagen.engine.backends import ScriptedBackend
+from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 from eagle3_datagen.generation.turns import splice_tool_results, turn_ends
 from eagle3_datagen.settings import Budget, ModelProfile, defaults
 from eagle3_datagen.steps.check_parsers import check_parsers
@@ -335,7 +335,7 @@ def test_a_cut_answer_ends_its_conversation_and_keeps_the_turn(tmp_path, make_pr
 def test_a_next_prompt_that_does_not_fit_ends_the_conversation(kimi_tokenizer_dir, kimi_tok):
     profile = ModelProfile.from_config(defaults("model", **{**KIMI, "tokenizer": str(kimi_tokenizer_dir)}))
     from eagle3_datagen.steps.tokenize_prompts import build_prompt_rows
-    from eagle3_datagen.storage.prompts import normalize_row
+    from eagle3_datagen.storage.prompt_rows import normalize_row
     from eagle3_datagen.tokens.templating import ChatTokenizer
 
     row = normalize_row(CONVERSATIONS[0], source="f.jsonl:1")
@@ -367,7 +367,7 @@ def test_a_next_prompt_that_does_not_fit_ends_the_conversation(kimi_tokenizer_di
 
 
 def test_a_rid_names_its_row_and_turn_whatever_the_id():
-    from eagle3_datagen.generation.client import Request, parse_rid
+    from eagle3_datagen.generation.requests import Request, parse_rid
 
     for row_id, sample, turn in (("a.1", 0, 0), ("x", 2, 3), ("x.0.t2", 0, 0), ("a.t5", 1, 1), ("7", 0, 12)):
         req = Request(row_id, sample, [1], 4, 0, turn=turn)

@@ -7,8 +7,11 @@ outlives the job that started it.
 Two modes of the scripted backend for load tests: `--canned` makes the engine far cheaper per
 request than any client (one answer, prepared once, for every request), and
 `--max-running-requests R --max-total-tokens K` puts a simulated GPU of that capacity behind it
-(`capacity.KVScheduler`, paced by `--step-ms`, `--step-ms-per-request`, `--step-us-per-kv-token`,
+(`capacity.scheduler.KVScheduler`, paced by `--step-ms`, `--step-ms-per-request`, `--step-us-per-kv-token`,
 `--prefill-us-per-token`).
+
+The entry point of the engine: imports `settings` and every module of the engine (lazily, so that
+`-h` answers at once).
 """
 
 import argparse
@@ -43,6 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m eagle3_datagen.engine",
         description="A CPU stand-in for an SGLang server (native /generate API).",
     )
+    _add_server_options(p)
+    _add_fault_options(p)
+    _add_backend_options(p)
+    _add_capacity_options(p)
+    _add_run_options(p)
+    return p
+
+
+def _add_server_options(p: argparse.ArgumentParser) -> None:
+    """What to serve and where, and the record of requests served."""
     p.add_argument("--model-dir", type=Path, required=True, help="model (or tokenizer) directory")
     p.add_argument("--tokenizer-dir", type=Path, help="tokenizer directory (default: --model-dir)")
     p.add_argument("--backend", choices=("model", "scripted"), default="model")
@@ -57,12 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--record", type=Path, help="append one JSON line per served request here")
     p.add_argument("--record-dir", type=Path, help="like --record, to DIR/<pid>.jsonl (one file per engine)")
+
+
+def _add_fault_options(p: argparse.ArgumentParser) -> None:
+    """Injected faults of `/generate` (`server.faults.Faults`)."""
     p.add_argument("--latency-ms", type=_range, help="added latency LO:HI in ms, uniform")
     p.add_argument("--error-rate", type=_rate, default=0.0, help="probability of HTTP 500/503")
     p.add_argument("--reset-rate", type=_rate, default=0.0, help="probability of a reset")
     p.add_argument("--hang-rate", type=_rate, default=0.0, help="probability of never answering")
     p.add_argument("--fail-rids", help="regex: matching rids always get HTTP 500")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault RNG")
+
+
+def _add_backend_options(p: argparse.ArgumentParser) -> None:
+    """The backends' batch and the scripted backend's answers."""
     p.add_argument("--max-batch", type=int, default=16, help="rows decoded together (model)")
     p.add_argument(
         "--answer-tokens", type=_range, help="scripted: long answers, LO:HI reasoning tokens per request (uniform)"
@@ -88,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
         "cut by each request's max_new_tokens and stop rules; bodies are prepared bytes, so that a benchmark "
         "measures its client, not this engine",
     )
+
+
+def _add_capacity_options(p: argparse.ArgumentParser) -> None:
+    """The simulated GPU behind the scripted backend (`capacity`)."""
     g = p.add_argument_group(
         "capacity model (scripted backend)",
         "A simulated GPU scheduler (SGLang 0.5.23's admission, KV budget, retraction and prefix cache, see "
@@ -116,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=4096,
         help="new tokens admission reserves per request at most (SGLang's env SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION)",
     )
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """The SGLang version and flags to act as, the test modes, logging."""
     p.add_argument(
         "--enable-metrics",
         action="store_true",
@@ -130,60 +159,69 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--never-healthy", action="store_true", help="tests: /health never answers 200")
     p.add_argument("--die-after", type=int, help="tests: exit abruptly after serving this many requests")
     p.add_argument("--log-level", default="INFO")
-    return p
 
 
-async def serve(args: argparse.Namespace, parent: int) -> int:
-    from aiohttp import web
+def build_backend(args: argparse.Namespace):
+    """The backend the options ask for: the model, or the scripted one (behind a simulated GPU when
+    the capacity options are given)."""
+    from eagle3_datagen.engine.backends.model import ModelBackend
+    from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 
-    from eagle3_datagen.engine import protocol
-    from eagle3_datagen.engine.backends import ModelBackend, ScriptedBackend
-    from eagle3_datagen.engine.capacity import KVScheduler, StepModel
-    from eagle3_datagen.engine.server import ENGINE_KEY, Faults, create_app
-
-    if args.fail_startup:
-        log.error("failing start-up on purpose (--fail-startup)")
-        return 3
     tokenizer_dir = args.tokenizer_dir or args.model_dir
     if args.backend == "model":
-        backend = ModelBackend(
+        return ModelBackend(
             args.model_dir,
             tokenizer_dir=tokenizer_dir,
             max_batch=args.max_batch,
             trust_remote_code=args.trust_remote_code,
             deterministic=args.enable_deterministic_inference,
         )
-    else:
-        scheduler = None
-        if args.max_running_requests is not None:
-            scheduler = KVScheduler(
-                args.max_running_requests,
-                args.max_total_tokens,
-                step_model=StepModel(
-                    base_ms=args.step_ms,
-                    per_request_ms=args.step_ms_per_request,
-                    per_kv_token_us=args.step_us_per_kv_token,
-                    prefill_per_token_us=args.prefill_us_per_token,
-                ),
-                context_length=args.context_length,
-                max_prefill_tokens=args.max_prefill_tokens,
-                schedule_conservativeness=args.schedule_conservativeness,
-                prefix_cache=not args.disable_radix_cache,
-                clip_max_new_tokens=args.clip_max_new_tokens_estimation,
-            )
-        backend = ScriptedBackend(
-            tokenizer_dir,
-            model_dir=args.model_dir,
-            token_delay_s=args.token_delay_ms / 1000.0,
-            eos_rate=args.eos_rate,
-            max_batch=args.max_batch,
-            trust_remote_code=args.trust_remote_code,
-            deterministic=args.enable_deterministic_inference,
-            answer_tokens=tuple(int(x) for x in args.answer_tokens) if args.answer_tokens else None,
-            answer_spread=args.answer_spread,
-            canned=args.canned,
-            scheduler=scheduler,
-        )
+    return ScriptedBackend(
+        tokenizer_dir,
+        model_dir=args.model_dir,
+        token_delay_s=args.token_delay_ms / 1000.0,
+        eos_rate=args.eos_rate,
+        max_batch=args.max_batch,
+        trust_remote_code=args.trust_remote_code,
+        deterministic=args.enable_deterministic_inference,
+        answer_tokens=tuple(int(x) for x in args.answer_tokens) if args.answer_tokens else None,
+        answer_spread=args.answer_spread,
+        canned=args.canned,
+        scheduler=_build_scheduler(args),
+    )
+
+
+def _build_scheduler(args: argparse.Namespace):
+    """The simulated GPU of the capacity options, or None without them."""
+    from eagle3_datagen.engine.capacity.scheduler import KVScheduler
+    from eagle3_datagen.engine.capacity.step_model import StepModel
+
+    if args.max_running_requests is None:
+        return None
+    return KVScheduler(
+        args.max_running_requests,
+        args.max_total_tokens,
+        step_model=StepModel(
+            base_ms=args.step_ms,
+            per_request_ms=args.step_ms_per_request,
+            per_kv_token_us=args.step_us_per_kv_token,
+            prefill_per_token_us=args.prefill_us_per_token,
+        ),
+        context_length=args.context_length,
+        max_prefill_tokens=args.max_prefill_tokens,
+        schedule_conservativeness=args.schedule_conservativeness,
+        prefix_cache=not args.disable_radix_cache,
+        clip_max_new_tokens=args.clip_max_new_tokens_estimation,
+    )
+
+
+def build_app(args: argparse.Namespace):
+    """The web app of the options, its backend not started yet."""
+    from eagle3_datagen.engine.server.app import create_app
+    from eagle3_datagen.engine.server.faults import Faults
+    from eagle3_datagen.engine.server.state import ENGINE_KEY
+    from eagle3_datagen.settings import SGLANG_VERSION
+
     faults = Faults(
         latency_ms=args.latency_ms,
         error_rate=args.error_rate,
@@ -193,31 +231,48 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
         seed=args.seed,
     )
     app = create_app(
-        backend,
+        build_backend(args),
         context_length=args.context_length,
         model_path=str(args.model_dir),
-        tokenizer_path=str(tokenizer_dir),
+        tokenizer_path=str(args.tokenizer_dir or args.model_dir),
         record_path=args.record or (args.record_dir / f"{os.getpid()}.jsonl" if args.record_dir else None),
         faults=faults,
-        version=args.sglang_version or protocol.SGLANG_VERSION,
+        version=args.sglang_version or SGLANG_VERSION,
         enable_metrics=args.enable_metrics,
     )
     app[ENGINE_KEY].never_healthy = args.never_healthy
     app[ENGINE_KEY].die_after = args.die_after
+    return app
+
+
+async def serve(args: argparse.Namespace, parent: int) -> int:
+    from aiohttp import web
+
+    from eagle3_datagen.engine.server.state import ENGINE_KEY
+
+    if args.fail_startup:
+        log.error("failing start-up on purpose (--fail-startup)")
+        return 3
+    app = build_app(args)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     log.info("local engine (%s backend) listening on http://%s:%d", args.backend, args.host,
              args.port)  # fmt: skip
+    rc = await _run_until_stopped(app[ENGINE_KEY], parent)
+    await runner.cleanup()
+    return rc
 
+
+async def _run_until_stopped(srv, parent: int) -> int:
+    """Wait for SIGTERM/SIGINT, the parent's death or a backend that failed to load; the exit code."""
     stop = asyncio.Event()
     reason: list[str] = []
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda s=sig: (reason.append(s.name), stop.set()))
 
-    srv = app[ENGINE_KEY]
     rc = 0
     while not stop.is_set():
         try:
@@ -232,7 +287,6 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
             rc = 1
             stop.set()
     log.info("stopping: %s", ", ".join(reason))
-    await runner.cleanup()
     return rc
 
 

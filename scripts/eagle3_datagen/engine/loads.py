@@ -1,7 +1,7 @@
 """The load endpoints' answers, as pure functions of per-rank load snapshots.
 
 A snapshot is a dict with `LoadSnapshot`'s fields (0.5.23's `srt/managers/load_snapshot.py`), as
-`capacity.KVScheduler.load` or `inflight_snapshot` make it. From it:
+`capacity.scheduler.KVScheduler.load` or `inflight_snapshot` make it. From it:
 
 - 0.5.23 `GET /v1/loads` (`srt/entrypoints/v1_loads.py` `get_loads`, `LoadSnapshot.to_dict`):
   `{"timestamp": ISO-8601 UTC, "version", "accelerator", "num_accelerators", "loads": [...]}`, one
@@ -22,6 +22,8 @@ A snapshot is a dict with `LoadSnapshot`'s fields (0.5.23's `srt/managers/load_s
   `dataclasses.asdict` dicts as FastAPI's `jsonable_encoder` makes them, `BaseReq`'s `rid` and
   `http_worker_ipc` (None) first; `num_tokens` is the pool's used tokens plus the waiting
   requests' lengths, `ts_tic` a `time.perf_counter()` reading. 0.5.23 has no such route.
+
+Imports `capacity.metrics` only.
 """
 
 import datetime
@@ -29,7 +31,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from eagle3_datagen.engine.capacity import DISAGGREGATION_NULL
+from eagle3_datagen.engine.capacity.metrics import DISAGGREGATION_NULL
 
 VALID_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
 # LoadSnapshot's optional sections: (field, name in `include`).

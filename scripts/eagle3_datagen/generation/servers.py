@@ -360,7 +360,7 @@ def job_facts() -> dict:
 
 
 async def _server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
-    from eagle3_datagen.generation.client import check_server_info, fetch_info
+    from eagle3_datagen.generation.server_info import check_server_info, fetch_info
 
     infos = {}
     for url in urls:

@@ -28,9 +28,9 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from eagle3_datagen.generation.client import Request, RequestTemplate
+from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.settings import Budget, ModelProfile, stable_hash
-from eagle3_datagen.tokens.templating import output_budget
+from eagle3_datagen.tokens.token_facts import output_budget
 
 TURN_MODES = ("all", "last")
 
@@ -120,7 +120,7 @@ class TurnBuilder:
     def layer(self):
         if self._layer is None:
             from eagle3_datagen.tokens.chat_layer import ChatLayer
-            from eagle3_datagen.tokens.templating import load_tokenizer, tokenizer_fingerprint
+            from eagle3_datagen.tokens.vocabulary import load_tokenizer, tokenizer_fingerprint
 
             tokenizer = self._load() if self._load is not None else load_tokenizer(self.profile)
             found = tokenizer_fingerprint(tokenizer)["tokenizer_sha256"]

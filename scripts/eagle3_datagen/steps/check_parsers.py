@@ -33,6 +33,8 @@ differ (or the length of the shorter one) and the row gets the first class that 
 - `whitespace_changed`: the decoded texts from `first_diff` on differ only in whitespace;
 - `retokenization_drift`: the decoded texts from `first_diff` on are equal (same text, other ids);
 - `other`.
+
+May import: `settings`, `storage.tables`, `tokens` (the chat layer, parsers, templating, vocabulary).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ from eagle3_datagen.settings import ModelProfile
 from eagle3_datagen.storage.tables import Batching, TableWriter, count_rows, iter_batches, logged
 from eagle3_datagen.tokens import parsers
 from eagle3_datagen.tokens.chat_layer import ChatLayer
-from eagle3_datagen.tokens.templating import batch_decode, group_by_tools, load_tokenizer, token_ids
+from eagle3_datagen.tokens.templating import group_by_tools
+from eagle3_datagen.tokens.vocabulary import batch_decode, load_tokenizer, token_ids
 
 log = logging.getLogger(__name__)
 
@@ -179,20 +182,12 @@ def _section_span(output: list[int], offset: int, section_ids) -> tuple[int, int
     return offset + start, offset + stop
 
 
-def check_rows(
-    generations: list[dict], *, tokenizer, profile: ModelProfile, checker: _Checker | None = None
-) -> list[dict]:
-    """One verdict row per ok generation row of a batch (see the module doc for the rules); each row
-    carries the messages and tools of its prompt. A `checker` set up once serves every batch."""
-    ck = checker or _Checker(tokenizer, profile)
-    rows = [g for g in generations if g["status"] == "ok"]
-    tools_list = [json.loads(g["tools"]) if g["tools"] else None for g in rows]
-    outputs = [list(g["output_ids"]) for g in rows]
-
-    # 1. decode as the chat layer does, in two batches (special tokens skipped unless tools).
-    texts = ck.texts(outputs, [g["finish_type"] for g in rows], [bool(t) for t in tools_list])
-
-    # 2.-3. parse, rebuild, render per group of identical tools, encode in one batch per group.
+def _routes(
+    ck: _Checker, rows: list[dict], texts: list[str], tools_list: list
+) -> tuple[list[list[int]], list[str], list[str]]:
+    """Steps 2-3 for a batch: each row's answer parsed and rebuilt as an assistant message, its whole
+    conversation rendered without a generation prompt and encoded, one batch per group of identical
+    tools. Returns the route ids, the rendered texts and the parsed reasoning of each row."""
     routes: list[list[int] | None] = [None] * len(rows)
     rendered: list[str] = [""] * len(rows)
     reasonings: list[str] = [""] * len(rows)
@@ -207,6 +202,38 @@ def check_rows(
         for k, i in enumerate(idx):
             routes[i] = ids[k]
             rendered[i] = out[k]
+    return routes, rendered, reasonings  # type: ignore[return-value]
+
+
+def _reasoning_and_answer(ck: _Checker, output: list[int], n_end: int) -> tuple[int, int]:
+    """How many output tokens are reasoning and how many answer: split at the first `</think>`, all
+    reasoning when the parser takes an answer without one as reasoning (forced, or begun with
+    `<think>`), else all answer."""
+    if n_end:
+        pos = output.index(ck.think_end_id)
+        return pos, len(output) - pos - 1
+    if ck.reasoning_parser and (
+        ck.force or (output and ck.tokenizer.convert_ids_to_tokens(output[0]) == parsers.THINK_START)
+    ):
+        return len(output), 0
+    return 0, len(output)
+
+
+def check_rows(
+    generations: list[dict], *, tokenizer, profile: ModelProfile, checker: _Checker | None = None
+) -> list[dict]:
+    """One verdict row per ok generation row of a batch (see the module doc for the rules); each row
+    carries the messages and tools of its prompt. A `checker` set up once serves every batch."""
+    ck = checker or _Checker(tokenizer, profile)
+    rows = [g for g in generations if g["status"] == "ok"]
+    tools_list = [json.loads(g["tools"]) if g["tools"] else None for g in rows]
+    outputs = [list(g["output_ids"]) for g in rows]
+
+    # 1. decode as the chat layer does, in two batches (special tokens skipped unless tools).
+    texts = ck.texts(outputs, [g["finish_type"] for g in rows], [bool(t) for t in tools_list])
+
+    # 2.-3. parse, rebuild, render per group of identical tools, encode in one batch per group.
+    routes, rendered, reasonings = _routes(ck, rows, texts, tools_list)
 
     # 4. compare and classify.
     verdicts = []
@@ -238,15 +265,7 @@ def check_rows(
             lo = max(0, first_diff - EXCERPT_BEFORE)
             exp_excerpt = ck.decode(expected[lo : first_diff + EXCERPT_AFTER])
             route_excerpt = ck.decode(core[lo : first_diff + EXCERPT_AFTER])
-        if n_end:
-            pos = output.index(ck.think_end_id)
-            n_reasoning, n_answer = pos, len(output) - pos - 1
-        elif ck.reasoning_parser and (
-            ck.force or (output and ck.tokenizer.convert_ids_to_tokens(output[0]) == parsers.THINK_START)
-        ):
-            n_reasoning, n_answer = len(output), 0
-        else:
-            n_reasoning, n_answer = 0, len(output)
+        n_reasoning, n_answer = _reasoning_and_answer(ck, output, n_end)
         verdicts.append(
             {
                 "id": g["id"],

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from eagle3_datagen.settings import ModelProfile
 from eagle3_datagen.storage.tables import Batching, count_rows, iter_batches, logged
-from eagle3_datagen.tokens.templating import ChatTokenizer, load_tokenizer, stop_set, token_ids
+from eagle3_datagen.tokens.templating import ChatTokenizer
+from eagle3_datagen.tokens.token_facts import stop_set
+from eagle3_datagen.tokens.vocabulary import load_tokenizer, token_ids
 
 log = logging.getLogger(__name__)
 

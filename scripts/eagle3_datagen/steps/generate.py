@@ -2,34 +2,43 @@
 
 The generate job plans (which turns the journal already holds), starts or finds its servers, runs the
 client, and assembles the generations rows, in prompt order: one per turn of each conversation. The
-token facts come with the prompts table (`templating.token_facts`); the tokenizer is loaded only to
-make a conversation's later turns (`turns`), never for single-turn rows.
+token facts come with the prompts table (`token_facts.token_facts`); the tokenizer is loaded only to
+make a conversation's later turns (`turns`), never for single-turn rows. The rows themselves are
+made, counted and merged by `generation.assemble`.
+
+Imports `generation`, `storage`, `settings` and the step `plan_generation`.
 """
 
 import itertools
-import json
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pyarrow as pa
 
-from eagle3_datagen.generation.client import GenerateClient, Request, ServerDied, run_loop
+from eagle3_datagen.generation.assemble import (
+    ASSEMBLE_COLUMNS,
+    FailureCount,
+    ShardRows,
+    assemble,
+    journalled_result,
+    rows_of,
+    sending_job,
+)
+from eagle3_datagen.generation.client import GenerateClient, ServerDied, run_loop
 from eagle3_datagen.generation.journal import Journal
-from eagle3_datagen.generation.locks import ShardLock
 from eagle3_datagen.generation.servers import (
     api_key,
-    attempt_logs,
     job_facts,
     seeds_honoured,
     server_provenance,
     servers,
     terminate_on_sigterm,
 )
-from eagle3_datagen.generation.turns import TurnBuilder, follower, walk
+from eagle3_datagen.generation.turns import TurnBuilder, follower
 from eagle3_datagen.settings import ClientSettings, ModelProfile, stable_hash
 from eagle3_datagen.steps.plan_generation import (
+    Plan,
     journal_path,
     make_builder,
     make_plan,
@@ -38,14 +47,12 @@ from eagle3_datagen.steps.plan_generation import (
     shard_of,
     shard_rows,
 )
-from eagle3_datagen.storage.prompts import without_source
 from eagle3_datagen.storage.tables import (
     GENERATIONS_SCHEMA,
     Batching,
     TableWriter,
     count_rows,
     iter_batches,
-    iter_record_batches,
     iter_rows,
     read_provenance,
 )
@@ -55,113 +62,6 @@ log = logging.getLogger(__name__)
 
 class TooManyFailures(RuntimeError):
     pass
-
-
-def assemble(
-    prompt_rows: Iterable[dict], builder: TurnBuilder, result_of: Callable[[Request], dict | None]
-) -> Iterator[dict]:
-    """The generations rows of the prompt rows, in prompt order: one per turn of each conversation
-    (a single-turn row: one), skipped rows with their reason, and each turn a conversation did not
-    reach as a skipped row saying why it ended.
-
-    `result_of(request)` gives the journalled result of a request."""
-    sampling = json.dumps(builder.template.sampling, sort_keys=True)
-    for p in prompt_rows:
-        base = {
-            "id": p["id"],
-            "sample_index": p["sample_index"],
-            "category": p["category"],
-            "tools": p.get("tools") or "",
-            "sampling": sampling,
-        }
-        if p["status"] != "ok":
-            yield {
-                **base,
-                "turn": 0,
-                "messages": p["messages"],
-                "prompt_ids": p["prompt_ids"],
-                "seed": p["seed"],
-                "max_new_tokens": p["max_new_tokens"],
-                "output_ids": [],
-                "status": p["status"],
-                "error": p["reason"],
-                "attempts": 0,
-            }
-            # A conversation that ends before its first turn is sent (its first prompt is too long,
-            # say) loses its later turns as one that ends later does: each is a row with the reason.
-            yield from _unreached_turns(base, 1, rows_of(p), f"turn 0 was not sent: {without_source(p['reason'])}")
-            continue
-        conversation = builder.start(p)
-        for step in walk(conversation, result_of):
-            req, r = step.request, step.result
-            if r is None:
-                raise RuntimeError(f"row {req.label} has no result: this is a bug")
-            yield {
-                **base,
-                "turn": req.turn,
-                "messages": conversation.history_json(),
-                "prompt_ids": req.prompt_ids,
-                "seed": req.seed,
-                "max_new_tokens": req.max_new_tokens,
-                "output_ids": r.get("output_ids", []),
-                "finish_type": r.get("finish_type", ""),
-                "finish_matched": r.get("finish_matched", ""),
-                "completion_tokens": r.get("completion_tokens", 0),
-                "cached_tokens": r.get("cached_tokens", 0),
-                "e2e_latency": r.get("e2e_latency", 0.0),
-                "num_retractions": r.get("num_retractions", 0),
-                "queue_time": r.get("queue_time", 0.0),
-                "attempts": r.get("attempts", 0),
-                "status": r["status"],
-                "error": r.get("error", ""),
-            }
-        yield from _unreached_turns(base, conversation.turn + 1, conversation.turns, conversation.end_reason)
-
-
-def _unreached_turns(base: dict, first: int, turns: int, why: str | None) -> Iterator[dict]:
-    """Skipped rows for the turns `first`..`turns - 1` that a conversation did not reach, and why it ended."""
-    for turn in range(first, turns):
-        yield {
-            **base,
-            "turn": turn,
-            "messages": "",
-            "prompt_ids": [],
-            "seed": 0,
-            "max_new_tokens": 0,
-            "output_ids": [],
-            "status": "skipped",
-            "error": f"conversation ended: {why}",
-            "attempts": 0,
-        }
-
-
-def journalled_result(journal: Journal) -> Callable[[Request], dict | None]:
-    """A request's result after a run: the ok entry made by exactly this request (reused or new),
-    else what this run journalled for its row (a failure)."""
-
-    def result_of(req: Request) -> dict | None:
-        return journal.reusable(req.fingerprint) or journal.entry(req.key)
-
-    return result_of
-
-
-class FailureCount:
-    """Attempted and failed rows of a shard, counted as they are written."""
-
-    def __init__(self):
-        self.attempted = self.failed = 0
-        self.examples: list[str] = []
-
-    def count(self, rows: Iterable[dict]) -> Iterator[dict]:
-        for r in rows:
-            if r["status"] in ("ok", "failed"):
-                self.attempted += 1
-            if r["status"] == "failed":
-                self.failed += 1
-                if len(self.examples) < 5:
-                    turn = f".t{r['turn']}" if r["turn"] else ""
-                    self.examples.append(f"{r['id']}.{r['sample_index']}{turn}: {r['error']}")
-            yield r
 
 
 def generate_category(
@@ -187,10 +87,9 @@ def generate_category(
     (provenance); `journal` keeps every finished row and is where results are read back from.
     """
     builder = make_builder(facts, profile, sampling, engine, budget)
-    template = builder.template
     provenance = {
-        "model_fingerprint": template.model_fingerprint,
-        "stop_token_ids": template.stop_token_ids,
+        "model_fingerprint": builder.template.model_fingerprint,
+        "stop_token_ids": builder.template.stop_token_ids,
         "job": job_facts(),
     }
     with journal, terminate_on_sigterm():
@@ -203,52 +102,90 @@ def generate_category(
                 "rows (was it moved?): rerun, and its plan sends them from a GPU job"
             )
         if todo.to_send:
-            key = api_key(engine)
-            headers = {"Authorization": f"Bearer {key}"} if key else {}
-            with servers(engine, profile=profile, log_path=server_log, key=key) as srv:
-                provenance["servers"] = server_provenance(srv.urls, profile, headers)
-                # A seed labels a row; it makes the row reproducible only where the server honours it.
-                provenance["seeds_honoured"] = seeds_honoured(provenance["servers"])
-                if not provenance["seeds_honoured"]:
-                    log.warning(
-                        "%s: the server runs without --enable-deterministic-inference: each row's seed is "
-                        "recorded but does not make it reproducible (engine.deterministic_inference)",
-                        category,
-                    )
-                client = GenerateClient(
-                    srv.urls, template, client_settings, label=category, headers=headers, alive=srv.alive
-                )
-                # A conversation's next turn is made from its answer as soon as the answer is journalled.
-                # (Only where there are later turns: each entry waits for its answer's follow-up.)
-                in_flight: dict | None = {} if todo.later_turns else None
-                requests = requests_to_send(prompt_rows(), builder, journal, in_flight)
-
-                try:
-                    run_loop(
-                        client.run(
-                            requests,
-                            journal,
-                            total=todo.to_send + todo.later_turns,
-                            keep_results=False,
-                            follow=follower(in_flight) if todo.later_turns else None,
-                        )
-                    )
-                except ServerDied as exc:
-                    raise ServerDied(
-                        f"{category}: {exc}; its log is {server_log}. The journal {journal.path} keeps "
-                        "every finished row: rerun to resume."
-                    ) from None
-                provenance["client"] = {
-                    "run_nonce": client.run_nonce,
-                    "requests_per_s": round(client.requests_per_s, 3),
-                    "tokens_per_s": round(client.tokens_per_s, 1),
-                    "requests": client.requests_done,
-                    "output_tokens": client.tokens_done,
-                    "elapsed_s": round(client.elapsed_s, 3),
-                    **client.load_facts(),
-                }
+            provenance |= _send_plan(
+                todo,
+                prompt_rows,
+                builder,
+                journal,
+                engine=engine,
+                profile=profile,
+                client_settings=client_settings,
+                server_log=server_log,
+                category=category,
+            )
         failures = FailureCount()
         writer.write(failures.count(assemble(prompt_rows(), builder, journalled_result(journal))))
+    _check_failures(failures, max_failed_share, category, journal)
+    return provenance
+
+
+def _send_plan(
+    todo: Plan,
+    prompt_rows: Callable[[], Iterable[dict]],
+    builder: TurnBuilder,
+    journal: Journal,
+    *,
+    engine: dict,
+    profile: ModelProfile,
+    client_settings: ClientSettings,
+    server_log: Path,
+    category: str,
+) -> dict:
+    """Send the plan's requests, and the later turns their answers make, to the servers (started or
+    found) until the journal holds every one; returns the provenance of the servers and the client."""
+    key = api_key(engine)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with servers(engine, profile=profile, log_path=server_log, key=key) as srv:
+        sent = {"servers": server_provenance(srv.urls, profile, headers)}
+        # A seed labels a row; it makes the row reproducible only where the server honours it.
+        sent["seeds_honoured"] = seeds_honoured(sent["servers"])
+        if not sent["seeds_honoured"]:
+            log.warning(
+                "%s: the server runs without --enable-deterministic-inference: each row's seed is "
+                "recorded but does not make it reproducible (engine.deterministic_inference)",
+                category,
+            )
+        client = GenerateClient(
+            srv.urls, builder.template, client_settings, label=category, headers=headers, alive=srv.alive
+        )
+        # A conversation's next turn is made from its answer as soon as the answer is journalled.
+        # (Only where there are later turns: each entry waits for its answer's follow-up.)
+        in_flight: dict | None = {} if todo.later_turns else None
+        requests = requests_to_send(prompt_rows(), builder, journal, in_flight)
+        try:
+            run_loop(
+                client.run(
+                    requests,
+                    journal,
+                    total=todo.to_send + todo.later_turns,
+                    keep_results=False,
+                    follow=follower(in_flight) if todo.later_turns else None,
+                )
+            )
+        except ServerDied as exc:
+            raise ServerDied(
+                f"{category}: {exc}; its log is {server_log}. The journal {journal.path} keeps "
+                "every finished row: rerun to resume."
+            ) from None
+        sent["client"] = _client_provenance(client)
+    return sent
+
+
+def _client_provenance(client: GenerateClient) -> dict:
+    """What the client measured over its run: its pace and its load."""
+    return {
+        "run_nonce": client.run_nonce,
+        "requests_per_s": round(client.requests_per_s, 3),
+        "tokens_per_s": round(client.tokens_per_s, 1),
+        "requests": client.requests_done,
+        "output_tokens": client.tokens_done,
+        "elapsed_s": round(client.elapsed_s, 3),
+        **client.load_facts(),
+    }
+
+
+def _check_failures(failures: FailureCount, max_failed_share: float, category: str, journal: Journal) -> None:
+    """Raise `TooManyFailures` when more than `max_failed_share` of the attempted rows failed."""
     share = failures.failed / failures.attempted if failures.attempted else 0.0
     if share > max_failed_share:
         raise TooManyFailures(
@@ -256,37 +193,6 @@ def generate_category(
             f"{max_failed_share:.1%}); the journal {journal.path} keeps the finished rows, and a rerun sends only "
             f"the failed ones. First failures: {'; '.join(failures.examples)}"
         )
-    return provenance
-
-
-# The prompts table's columns a generations row is made of.
-ASSEMBLE_COLUMNS = [
-    "id",
-    "sample_index",
-    "category",
-    "messages",
-    "tools",
-    "turn_ends",
-    "prompt_ids",
-    "seed",
-    "max_new_tokens",
-    "status",
-    "reason",
-]
-
-
-@contextmanager
-def sending_job(journal_file: Path, server_log: Path, output: Path):
-    """What a job that sends a journal's requests holds for its whole run (generate, the pilot):
-    its attempt's own logs, the journal's lock, and its output table, yielded as (the attempt's
-    server log, the writer). The journal is opened inside: opening it may cut a torn tail, which
-    only its one writer, the lock's holder, may do."""
-    with (
-        attempt_logs(Path(server_log)) as attempt_server_log,
-        ShardLock(journal_file),
-        TableWriter(output, GENERATIONS_SCHEMA) as writer,
-    ):
-        yield attempt_server_log, writer
 
 
 def generate(
@@ -354,35 +260,6 @@ def generate(
     log.info("%s: wrote %d rows to %s", label, writer.rows, shard_generations)
 
 
-class _ShardRows:
-    """A shard's rows as Arrow record batches, handed out in runs of consecutive rows."""
-
-    def __init__(self, path: Path, batching: Batching):
-        self.path = path
-        self._batches = iter_record_batches(path, batching)
-        self._batch: pa.RecordBatch | None = None
-        self._pos = 0
-
-    def take(self, n: int) -> list[pa.RecordBatch]:
-        pieces = []
-        while n:
-            if self._batch is None or self._pos == self._batch.num_rows:
-                self._batch, self._pos = next(self._batches, None), 0
-                if self._batch is None:
-                    raise RuntimeError(f"{self.path} ends before the prompts table does")
-            k = min(n, self._batch.num_rows - self._pos)
-            pieces.append(self._batch.slice(self._pos, k))
-            self._pos += k
-            n -= k
-        return pieces
-
-
-def rows_of(prompt_row: dict) -> int:
-    """Generations rows of a prompts row: one per turn of its conversation (a row that could not be
-    read as a conversation has no turns: one)."""
-    return len(prompt_row["turn_ends"] or [0])
-
-
 def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: Path, batch: dict | None = None) -> None:
     """Join a category's generate shards into one generations table, in prompt order.
 
@@ -403,7 +280,7 @@ def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: P
     )
     if held != expected:
         raise RuntimeError(f"{generations}: the shards hold {held} rows, the prompts table's turns {expected}")
-    sources = [_ShardRows(path, batching) for path in shard_generations]
+    sources = [ShardRows(path, batching) for path in shard_generations]
     merged = dict(provenance[0])
     merged["shards"] = provenance
     with TableWriter(generations, GENERATIONS_SCHEMA, batching) as writer:

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import orjson
 
+from eagle3_datagen.generation.assemble import ASSEMBLE_COLUMNS, sending_job
 from eagle3_datagen.generation.journal import Journal
 from eagle3_datagen.generation.servers import job_facts
 from eagle3_datagen.settings import ClientSettings, ModelProfile, server_gpus, stable_hash
 from eagle3_datagen.steps.export_dataset import dataset_row
-from eagle3_datagen.steps.generate import ASSEMBLE_COLUMNS, generate_category, sending_job
+from eagle3_datagen.steps.generate import generate_category
 from eagle3_datagen.steps.plan_generation import journal_path
 from eagle3_datagen.storage.tables import iter_batches, iter_rows, read_provenance
 

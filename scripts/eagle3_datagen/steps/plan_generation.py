@@ -13,8 +13,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_datagen.generation.client import Request, RequestTemplate
 from eagle3_datagen.generation.journal import Journal
+from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.generation.turns import TurnBuilder, walk
 from eagle3_datagen.settings import Budget, ModelProfile
 from eagle3_datagen.storage.tables import Batching, iter_rows, read_provenance

@@ -23,7 +23,7 @@ from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_recor
 log = logging.getLogger(__name__)
 
 STATUSES = ("ok", "skipped", "failed", "filtered")
-# What reading the prompt files changed (prompts._sharegpt_fixes, ReadOptions.system_prompt), per category.
+# What reading the prompt files changed (prompt_rows._sharegpt_fixes, ReadOptions.system_prompt), per category.
 NORMALIZATION = ("speakers_mapped", "leading_assistant_dropped", "same_speaker_merged", "system_prompt_added")
 
 

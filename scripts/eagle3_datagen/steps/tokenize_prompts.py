@@ -1,8 +1,11 @@
 """tokenize_prompts: one category's prompts table — normalized rows, exact prompt ids, budgets, seeds.
 
-The table's provenance also carries the token facts every later step needs (`templating.token_facts`:
+The table's provenance also carries the token facts every later step needs (`token_facts.token_facts`:
 the tokenizer's fingerprint, vocabulary size, stop and reasoning ids), so that planning and
 generation never load the tokenizer.
+
+May import: `settings`, `storage` (the prompt readers, the tables), `tokens` (templating, vocabulary,
+token facts), `generation.turns`.
 """
 
 import json
@@ -14,15 +17,12 @@ from pathlib import Path
 
 from eagle3_datagen.generation.turns import turn_ends
 from eagle3_datagen.settings import Budget, ModelProfile, stable_hash
-from eagle3_datagen.storage.prompts import PromptRow, ReadOptions, iter_prompts, without_source
+from eagle3_datagen.storage.prompt_rows import PromptRow, ReadOptions
+from eagle3_datagen.storage.prompts import iter_prompts, without_source
 from eagle3_datagen.storage.tables import PROMPTS_SCHEMA, Batching, TableWriter
-from eagle3_datagen.tokens.templating import (
-    CONTROL_TOKEN_POLICY,
-    ChatTokenizer,
-    load_tokenizer,
-    output_budget,
-    token_facts,
-)
+from eagle3_datagen.tokens.templating import CONTROL_TOKEN_POLICY, ChatTokenizer
+from eagle3_datagen.tokens.token_facts import output_budget, token_facts
+from eagle3_datagen.tokens.vocabulary import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def tokenize_prompts(
 ) -> None:
     """Tokenize one category's prompt file `source` into the prompts table `prompts`, a batch at a time.
 
-    Rows skipped by an unexpected error (prompts.PromptRow.unexpected: not a foreseen problem of the
+    Rows skipped by an unexpected error (prompt_rows.PromptRow.unexpected: not a foreseen problem of the
     row, possibly a bug) are counted apart; past `max_unexpected_row_share` of the rows they fail
     the category, whatever `on_bad_rows` says."""
     profile = ModelProfile.from_config(model)
@@ -79,27 +79,13 @@ def tokenize_prompts(
             )
             tally.add(rows, table)
             writer.write(table)
-        if tally.unexpected > max_unexpected_row_share * tally.rows:
-            raise UnexpectedRows(
-                f"{tally.unexpected} of {tally.rows} rows of {source} were skipped by an unexpected error, more than "
-                f"max_unexpected_row_share {max_unexpected_row_share}: possibly a bug; each traceback is in the log. "
-                "First:\n  " + "\n  ".join(tally.first_unexpected)
-            )
-        if tally.skipped and tally.skipped == tally.rows and not allow_empty:
-            raise BadRows(
-                f"{source}: none of its {tally.rows} rows can be used (set allow_empty_categories: true to let a "
-                f"category end empty). Rows per reason:\n  "
-                + "\n  ".join(f"{n} x {why}" for why, n in tally.reasons.most_common(10))
-            )
-        if tally.skipped and on_bad_rows == "fail":
-            listing = "\n  ".join(tally.first_skipped) + (
-                f"\n  ... and {tally.skipped - len(tally.first_skipped)} more"
-                if tally.skipped > len(tally.first_skipped)
-                else ""
-            )
-            raise BadRows(
-                f"{tally.skipped} of {tally.rows} rows of {source} cannot be used (on_bad_rows: fail):\n  {listing}"
-            )
+        check_bad_rows(
+            tally,
+            source,
+            max_unexpected_row_share=max_unexpected_row_share,
+            allow_empty=allow_empty,
+            on_bad_rows=on_bad_rows,
+        )
         params = {
             "model": model,
             "budget": budget,
@@ -111,17 +97,7 @@ def tokenize_prompts(
             "turns": turns,
             "max_unexpected_row_share": max_unexpected_row_share,
         }
-        provenance = {
-            "prompts_file": str(source),
-            **token_facts(tokenizer, profile),
-            "control_token_policy": CONTROL_TOKEN_POLICY,
-            "normalization": tally.normalization,
-            "turns": turns,
-            "max_turns": tally.max_turns,
-            "unexpected_rows": tally.unexpected,
-            "params": params,
-        }
-        writer.close(provenance)
+        writer.close(table_provenance(source, tokenizer, profile, tally, params))
     elapsed = time.perf_counter() - started
     log.info(
         "%s: %d rows, %d usable, %d prompt tokens in %.2f s (%.0f rows/s)",
@@ -132,6 +108,50 @@ def tokenize_prompts(
         elapsed,
         tally.rows / elapsed if elapsed > 0 else 0.0,
     )
+
+
+def table_provenance(source: Path, tokenizer, profile: ModelProfile, tally: "Tally", params: dict) -> dict:
+    """The prompts table's provenance: the token facts every later step reads instead of the
+    tokenizer, what normalization changed, and the step's parameters."""
+    return {
+        "prompts_file": str(source),
+        **token_facts(tokenizer, profile),
+        "control_token_policy": CONTROL_TOKEN_POLICY,
+        "normalization": tally.normalization,
+        "turns": params["turns"],
+        "max_turns": tally.max_turns,
+        "unexpected_rows": tally.unexpected,
+        "params": params,
+    }
+
+
+def check_bad_rows(
+    tally: "Tally", source: Path, *, max_unexpected_row_share: float, allow_empty: bool, on_bad_rows: str
+) -> None:
+    """Fail the category where its unusable rows say so: more unexpected errors than
+    `max_unexpected_row_share` allows, no usable row at all (unless `allow_empty`), or any skipped
+    row under `on_bad_rows: fail`."""
+    if tally.unexpected > max_unexpected_row_share * tally.rows:
+        raise UnexpectedRows(
+            f"{tally.unexpected} of {tally.rows} rows of {source} were skipped by an unexpected error, more than "
+            f"max_unexpected_row_share {max_unexpected_row_share}: possibly a bug; each traceback is in the log. "
+            "First:\n  " + "\n  ".join(tally.first_unexpected)
+        )
+    if tally.skipped and tally.skipped == tally.rows and not allow_empty:
+        raise BadRows(
+            f"{source}: none of its {tally.rows} rows can be used (set allow_empty_categories: true to let a "
+            f"category end empty). Rows per reason:\n  "
+            + "\n  ".join(f"{n} x {why}" for why, n in tally.reasons.most_common(10))
+        )
+    if tally.skipped and on_bad_rows == "fail":
+        listing = "\n  ".join(tally.first_skipped) + (
+            f"\n  ... and {tally.skipped - len(tally.first_skipped)} more"
+            if tally.skipped > len(tally.first_skipped)
+            else ""
+        )
+        raise BadRows(
+            f"{tally.skipped} of {tally.rows} rows of {source} cannot be used (on_bad_rows: fail):\n  {listing}"
+        )
 
 
 class Tally:
@@ -187,7 +207,7 @@ def row_seed(base_seed: int, row_id: str, sample_index: int) -> int:
 
 
 def normalization_counts(rows: list[PromptRow]) -> dict:
-    """What normalization changed in the category's usable rows, per kind (prompts.PromptRow.fixes)."""
+    """What normalization changed in the category's usable rows, per kind (prompt_rows.PromptRow.fixes)."""
     counts: dict[str, int] = {}
     for row in rows:
         if row.ok:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from eagle3_datagen.settings import ModelProfile
 from eagle3_datagen.tokens import parsers
-from eagle3_datagen.tokens.templating import ChatTokenizer, batch_decode, stop_set, token_id
+from eagle3_datagen.tokens.templating import ChatTokenizer
+from eagle3_datagen.tokens.token_facts import stop_set
+from eagle3_datagen.tokens.vocabulary import batch_decode, token_id
 
 
 def _template_text(tokenizer) -> str | None:

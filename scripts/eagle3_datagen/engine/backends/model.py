@@ -1,0 +1,270 @@
+"""The model backend: a transformers causal LM on CPU with continuous batching (`ModelBackend`).
+
+New requests are prefilled alone, then joined to the running batch (left padding plus an attention
+mask and explicit positions); each row stops on its own.
+
+Imports `protocol`, `model_facts` and `backends.jobs` (torch and transformers when it loads).
+"""
+
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+from eagle3_datagen.engine.backends.jobs import Backend, Job
+from eagle3_datagen.engine.model_facts import load_tokenizer, read_config, read_eos_token_ids
+from eagle3_datagen.engine.protocol.finish import check_finish, finish_abort, finish_length, min_new_tokens_banned
+
+log = logging.getLogger(__name__)
+
+
+class _Row:
+    __slots__ = ("job", "logits", "seq_len", "generator", "stop_ids", "banned", "decode", "counts")
+
+    def __init__(self, job: Job, logits, seq_len: int, generator, stop_ids, banned, decode):
+        self.job = job
+        self.logits = logits
+        self.seq_len = seq_len
+        self.generator = generator
+        self.stop_ids = stop_ids
+        self.banned = banned
+        self.decode = decode
+        self.counts: dict[int, int] = {}
+
+
+class ModelBackend(Backend):
+    """A transformers causal LM on CPU, serving many requests at once.
+
+    Each new request is prefilled alone, then its KV cache is joined to the running batch; one
+    forward pass per step decodes every running row. Rows sit left-padded in a shared cache with an
+    attention mask and explicit position ids, so padding never changes a row's result; a row leaves
+    the batch as soon as it finishes. Sampling is per row: greedy when top_k == 1 (SGLang's
+    temperature < 1e-6 rule), else temperature/top-k/top-p/min-p with a per-request
+    `torch.Generator` seeded from `sampling_seed` (a fresh random seed without one). Frequency,
+    presence and repetition penalties apply to the tokens generated so far.
+    """
+
+    name = "model"
+
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        tokenizer_dir: Path | None = None,
+        max_batch: int = 16,
+        num_threads: int = 1,
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+        deterministic: bool = False,
+    ):
+        super().__init__(max_batch=max_batch, deterministic=deterministic)
+        self.trust_remote_code = trust_remote_code
+        self.model_dir = Path(model_dir)
+        self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else self.model_dir
+        self.num_threads = num_threads
+        self.dtype = dtype
+        self.model: Any = None
+        self.tokens_generated = 0
+
+    def load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(self.num_threads)
+        self.tokenizer = load_tokenizer(self.tokenizer_dir, self.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=getattr(torch, self.dtype))
+        model.eval()
+        self.model = model
+        cfg = read_config(self.model_dir)
+        self.model_type = cfg.get("model_type")
+        self.architectures = cfg.get("architectures")
+        self.vocab_size = int(model.config.vocab_size)
+        self.eos_token_ids = read_eos_token_ids(
+            self.model_dir, self.tokenizer.eos_token_id, self.tokenizer.get_added_vocab()
+        )
+
+    # -- cache surgery
+    @staticmethod
+    def _kv(cache) -> list[tuple]:
+        return [(layer.keys, layer.values) for layer in cache.layers]
+
+    @staticmethod
+    def _cache(kv: list[tuple]):
+        from transformers import DynamicCache
+
+        return DynamicCache(ddp_cache_data=kv)
+
+    @staticmethod
+    def _left_pad(t, length: int, dim: int):
+        import torch
+
+        missing = length - t.shape[dim]
+        if missing <= 0:
+            return t
+        shape = list(t.shape)
+        shape[dim] = missing
+        return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+    def _join(self, batch_kv, batch_mask, new_kv, new_mask):
+        import torch
+
+        if batch_kv is None:
+            return new_kv, new_mask
+        length = max(batch_mask.shape[1], new_mask.shape[1])
+        kv = []
+        for (bk, bv), (nk, nv) in zip(batch_kv, new_kv):
+            kv.append(
+                (
+                    torch.cat([self._left_pad(bk, length, 2), self._left_pad(nk, length, 2)], 0),
+                    torch.cat([self._left_pad(bv, length, 2), self._left_pad(nv, length, 2)], 0),
+                )
+            )
+        mask = torch.cat([self._left_pad(batch_mask, length, 1), self._left_pad(new_mask, length, 1)], 0)
+        return kv, mask
+
+    @staticmethod
+    def _select(kv, mask, keep: list[int]):
+        import torch
+
+        idx = torch.tensor(keep, dtype=torch.long)
+        mask = mask.index_select(0, idx)
+        # Drop leading columns that are padding in every remaining row.
+        real = mask.any(dim=0).nonzero()
+        first = int(real[0]) if real.numel() else 0
+        mask = mask[:, first:]
+        kv = [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:]) for k, v in kv]
+        return kv, mask
+
+    # -- sampling
+    def _next_token(self, row: _Row) -> int:
+        import torch
+
+        job, params = row.job, row.job.params
+        logits = row.logits.float().clone()
+        if params.logit_bias:
+            for k, v in params.logit_bias.items():
+                logits[int(k)] += float(v)
+        if row.counts and (params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0):
+            ids = torch.tensor(list(row.counts), dtype=torch.long)
+            cnt = torch.tensor(list(row.counts.values()), dtype=logits.dtype)
+            sel = logits[ids]
+            if params.repetition_penalty != 1.0:
+                rp = params.repetition_penalty
+                sel = torch.where(sel > 0, sel / rp, sel * rp)
+            sel = sel - params.frequency_penalty * cnt - params.presence_penalty
+            logits[ids] = sel
+        if len(job.output_ids) < params.min_new_tokens and row.banned:
+            banned = [t for t in row.banned if 0 <= t < logits.shape[0]]
+            logits[banned] = float("-inf")
+        if params.greedy:
+            return int(torch.argmax(logits))
+        logits = logits / params.temperature
+        probs = torch.softmax(logits, dim=-1)
+        if params.top_k < probs.shape[0]:
+            kth = torch.topk(probs, params.top_k).values[-1]
+            probs = torch.where(probs < kth, torch.zeros_like(probs), probs)
+        if params.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            cum = torch.cumsum(sorted_p, 0)
+            drop = (cum - sorted_p) > params.top_p
+            sorted_p[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+        if params.min_p > 0.0:
+            probs = torch.where(probs < params.min_p * probs.max(), torch.zeros_like(probs), probs)
+        return int(torch.multinomial(probs / probs.sum(), 1, generator=row.generator))
+
+    def _prefill(self, job: Job):
+        import torch
+        from transformers import DynamicCache
+
+        ids = torch.tensor([job.input_ids], dtype=torch.long)
+        cache = DynamicCache()
+        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        gen = torch.Generator()
+        seed = job.params.sampling_seed if self.deterministic else None  # ignored, as SGLang does
+        gen.manual_seed(seed % (1 << 63) if seed is not None else random.getrandbits(63))
+        row = _Row(
+            job,
+            out.logits[0, -1],
+            len(job.input_ids),
+            gen,
+            self.stop_ids_for(job.params),
+            min_new_tokens_banned(self.eos_token_ids, job.params),
+            self.decode_fn(job.params),
+        )
+        mask = torch.ones((1, len(job.input_ids)), dtype=torch.long)
+        return row, self._kv(out.cache), mask
+
+    def _work(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.num_threads)
+        rows: list[_Row] = []
+        kv = None
+        mask = None
+        with torch.inference_mode():
+            while not self._closing.is_set():
+                # Admit what is queued, up to the batch limit.
+                for job in self._take(block=not rows, limit=self.max_batch - len(rows)):
+                    if not job.try_start():
+                        continue
+                    if job.max_new_tokens <= 0:
+                        job.finish(finish_length(0))
+                        continue
+                    try:
+                        row, new_kv, new_mask = self._prefill(job)
+                    except Exception as e:  # a bad prompt must not take the worker down
+                        log.exception("prefill failed for %s", job.rid)
+                        job.finish(finish_abort(str(e), 500, "InternalServerError"))
+                        continue
+                    kv, mask = self._join(kv, mask, new_kv, new_mask)
+                    rows.append(row)
+                if not rows:
+                    continue
+                # Sample one token per row; finished rows leave the batch.
+                keep: list[int] = []
+                for i, row in enumerate(rows):
+                    job = row.job
+                    if job.abort_requested:
+                        job.finish(finish_abort())
+                        continue
+                    token = self._next_token(row)
+                    job.output_ids.append(token)
+                    row.counts[token] = row.counts.get(token, 0) + 1
+                    self.tokens_generated += 1
+                    reason = check_finish(
+                        job.output_ids,
+                        params=job.params,
+                        stop_ids=row.stop_ids,
+                        max_new_tokens=job.max_new_tokens,
+                        decode=row.decode,
+                    )
+                    if reason is not None:
+                        job.finish(reason)
+                    else:
+                        keep.append(i)
+                if len(keep) != len(rows):
+                    rows = [rows[i] for i in keep]
+                    if not rows:
+                        kv, mask = None, None
+                        continue
+                    kv, mask = self._select(kv, mask, keep)
+                # One forward pass for every running row.
+                ids = torch.tensor([[r.job.output_ids[-1]] for r in rows], dtype=torch.long)
+                pos = torch.tensor([[r.seq_len] for r in rows], dtype=torch.long)
+                mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype)], dim=1)
+                cache = self._cache(kv)
+                out = self.model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                kv = self._kv(out.cache)
+                for i, r in enumerate(rows):
+                    r.logits = out.logits[i, -1]
+                    r.seq_len += 1
+        for r in rows:
+            r.job.finish(finish_abort("Server is shutting down", 503))

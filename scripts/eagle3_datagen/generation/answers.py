@@ -1,0 +1,132 @@
+"""What came back for one request: SGLang's /generate answer checked and turned into result fields,
+or an error classed as retryable (5xx, 429, timeouts, aborted or malformed answers) or final (400).
+
+Imports `requests` only; no network code.
+"""
+
+import json
+
+import orjson
+
+from eagle3_datagen.generation.requests import Request
+
+RETRYABLE_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+class FinalError(Exception):
+    """A request error that retrying cannot fix (HTTP 400 and the like)."""
+
+
+class RetryableError(Exception):
+    """A transient request error: the row is sent again after a backoff."""
+
+
+def error_text(status: int, body: str) -> str:
+    """SGLang's error shapes as one line: {"error": {"message"}}, {"error": "..."}, {"detail": ...}, and
+    the OpenAI-style {"object": "error", "message", "type", "param", "code"} of 0.5.23's validation errors,
+    invalid JSON bodies and aborts."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return f"HTTP {status}: {body[:500]}"
+    message = data
+    if isinstance(data, dict):
+        if isinstance(data.get("error"), dict):
+            message = data["error"].get("message", data["error"])
+        elif "error" in data:
+            message = data["error"]
+        elif "detail" in data:
+            message = data["detail"]
+        elif "message" in data:
+            message = data["message"]
+    return f"HTTP {status}: {message}"
+
+
+# The answer's output ids as SGLang serializes them (orjson: no spaces). Inside a JSON string every
+# quote is escaped, so this key can only be the top-level one, never a piece of `text`.
+_IDS_KEY = b'"output_ids":['
+_PLAIN_IDS = b"0123456789,"
+
+
+def ids_are_plain(raw: bytes | None, n: int) -> bool | None:
+    """Whether the answer's `output_ids` are written as non-negative integers only (digits and commas:
+    no sign, fraction, exponent, string, boolean or null), read from the answer's bytes in one pass of
+    C code instead of a type check per id; None when `raw` does not hold the ids in SGLang's compact
+    form (then the ids are checked one by one)."""
+    if raw is None:
+        return None
+    start = raw.find(_IDS_KEY)
+    if start < 0:
+        return None
+    start += len(_IDS_KEY)
+    end = raw.find(b"]", start)
+    if end < 0:
+        return None
+    region = raw[start:end]
+    if region.count(b",") != max(n - 1, 0):
+        return None  # not the list orjson parsed (a nested or repeated key): check one by one
+    return not region.translate(None, _PLAIN_IDS)
+
+
+def parse_response(data, req: Request, vocab_size: int, raw: bytes | None = None) -> dict:
+    """Validate one /generate answer and turn it into result fields; a bad answer is retryable.
+
+    `raw`, the answer's bytes, lets the ids be checked without Python work per id (`ids_are_plain`)."""
+    if not isinstance(data, dict):
+        raise RetryableError(f"malformed response: expected an object, got {type(data).__name__}")
+    output_ids = data.get("output_ids")
+    meta = data.get("meta_info")
+    if not isinstance(output_ids, list):
+        raise RetryableError("malformed response: 'output_ids' missing or not a list of integers")
+    plain = ids_are_plain(raw, len(output_ids))
+    if plain is None:  # not SGLang's compact bytes: one check per id
+        plain = set(map(type, output_ids)) <= {int} and (not output_ids or min(output_ids) >= 0)
+    if not plain:
+        if not all(type(t) is int for t in output_ids):
+            raise RetryableError("malformed response: 'output_ids' missing or not a list of integers")
+        bad = [t for t in output_ids if t < 0]
+        raise RetryableError(f"malformed response: output ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
+    if not isinstance(meta, dict) or not isinstance(meta.get("finish_reason"), dict):
+        raise RetryableError("malformed response: 'meta_info.finish_reason' missing")
+    finish = meta["finish_reason"]
+    finish_type = finish.get("type")
+    if finish_type == "abort":
+        raise RetryableError(f"aborted by the server: {finish.get('message')}")
+    if finish_type not in ("stop", "length"):
+        raise RetryableError(f"malformed response: unknown finish_reason type {finish_type!r}")
+    if not output_ids:
+        raise RetryableError("malformed response: no output tokens")
+    if max(output_ids) >= vocab_size:
+        bad = [t for t in output_ids if not 0 <= t < vocab_size]
+        raise RetryableError(f"malformed response: output ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
+    if len(output_ids) > req.max_new_tokens:
+        raise RetryableError(
+            f"malformed response: {len(output_ids)} output tokens, more than max_new_tokens {req.max_new_tokens}"
+        )
+    matched = finish.get("matched")
+    return {
+        "output_ids": output_ids,
+        "finish_type": finish_type,
+        "finish_matched": "" if matched is None else str(matched),
+        "completion_tokens": int(meta.get("completion_tokens", len(output_ids))),
+        "cached_tokens": int(meta.get("cached_tokens", 0) or 0),
+        "e2e_latency": float(meta.get("e2e_latency", 0.0) or 0.0),
+        # Load facts (SGLang 0.5.23 tokenizer_manager._handle_batch_output): how often the scheduler
+        # retracted the request to free KV cache, and (with --enable-metrics) its seconds queued.
+        "num_retractions": int(meta.get("num_retractions", 0) or 0),
+        "queue_time": float(meta.get("queue_time", 0.0) or 0.0),
+    }
+
+
+def interpret(status: int, raw: bytes, req: Request, vocab_size: int) -> dict:
+    """One answer's (status, body bytes) as result fields; RetryableError or FinalError otherwise."""
+    if status != 200:
+        message = error_text(status, raw.decode("utf-8", errors="replace"))
+        if status in RETRYABLE_STATUS:
+            raise RetryableError(message)
+        raise FinalError(message)
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise RetryableError(f"malformed response: invalid JSON: {raw[:200]!r}") from None
+    return parse_response(data, req, vocab_size, raw)

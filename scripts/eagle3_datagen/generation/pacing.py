@@ -1,0 +1,140 @@
+"""What paces the client: `Slots` (the in-flight limit, resizable while in use), `Deadlines` (request
+timeouts kept by one watchdog task) and `Progress` (the periodic progress line).
+
+Imports nothing of the package.
+"""
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+log = logging.getLogger("eagle3_datagen.generation.client")
+
+
+class Progress:
+    """A periodic progress line: done/total, requests/s, tokens/s, ETA."""
+
+    def __init__(self, total: int, interval_s: float, label: str):
+        self.total, self.interval_s, self.label = total, interval_s, label
+        self.done = self.failed = self.retries = self.tokens = 0
+        self.started = self._last = time.monotonic()
+        self.note: Callable[[], str] | None = None  # more to say on each line
+
+    def add(self, *, tokens: int = 0, failed: bool = False) -> None:
+        self.done += 1
+        self.failed += int(failed)
+        self.tokens += tokens
+        now = time.monotonic()
+        if now - self._last >= self.interval_s or self.done == self.total:
+            self._last = now
+            self.log()
+
+    def rates(self) -> tuple[float, float]:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return self.done / elapsed, self.tokens / elapsed
+
+    def log(self) -> None:
+        rps, tps = self.rates()
+        remaining = self.total - self.done
+        eta = remaining / rps if rps > 0 else float("inf")
+        log.info(
+            "%s: %d/%d rows (%d failed, %d retries) | %.2f req/s | %.0f tok/s | ETA %s%s",
+            self.label,
+            self.done,
+            self.total,
+            self.failed,
+            self.retries,
+            rps,
+            tps,
+            "-" if eta == float("inf") else f"{eta:.0f} s",
+            self.note() if self.note else "",
+        )
+
+
+class Slots:
+    """A semaphore whose size may change while it is in use: at most `limit` holders.
+
+    A lower limit takes effect as slots are given back (no request in flight is cut short); a
+    higher one wakes waiters at once. A slot is handed straight to the first waiter, as
+    asyncio.Semaphore does, so a freed slot costs no extra turn of the event loop."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.held = 0
+        self._waiters: deque[asyncio.Future] = deque()
+
+    def set_limit(self, limit: int) -> None:
+        self.limit = limit
+        self._wake()
+
+    async def acquire(self) -> None:
+        if self.held < self.limit and not self._waiters:
+            self.held += 1
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut  # the slot is counted as held when the future is resolved
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # handed a slot, then cancelled before taking it
+            elif fut in self._waiters:
+                self._waiters.remove(fut)
+            raise
+
+    def release(self) -> None:
+        self.held -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self._waiters and self.held < self.limit:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.held += 1
+                fut.set_result(None)
+
+
+class Deadlines:
+    """Request timeouts kept by one watchdog task instead of a timer per request (a timer per
+    request, as aiohttp arms, costs more on uvloop than the rest of a request's bookkeeping). A
+    request past its deadline has its task cancelled, as asyncio's and aiohttp's timeouts do, and
+    `expired` then tells that cancellation from any other; the watchdog wakes every `TICK_SHARE` of
+    the shortest timeout being kept (at most once a second)."""
+
+    TICK_SHARE = 0.05
+
+    def __init__(self):
+        self._deadlines: dict[asyncio.Task, float] = {}
+        self._expired: set[asyncio.Task] = set()
+        self._tick = 1.0
+        self._watchdog: asyncio.Task | None = None
+
+    def watch(self, task: asyncio.Task, timeout_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._deadlines[task] = loop.time() + timeout_s
+        self._tick = min(self._tick, max(timeout_s * self.TICK_SHARE, 0.001))
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = loop.create_task(self._watch())
+
+    def forget(self, task: asyncio.Task) -> None:
+        self._deadlines.pop(task, None)
+        self._expired.discard(task)
+
+    def expired(self, task: asyncio.Task) -> bool:
+        return task in self._expired
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._deadlines:
+            await asyncio.sleep(self._tick)
+            now = loop.time()
+            for task, deadline in list(self._deadlines.items()):
+                if now >= deadline and task not in self._expired:
+                    self._expired.add(task)
+                    task.cancel()
+
+    def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()

@@ -1,0 +1,108 @@
+"""What is sent for one row: a request's identity (id, sample, turn), its rid, its /generate body and
+its fingerprint (the identity of its result, which the journal and the plan key on).
+
+Planning, turns and the client all import this module; it imports only `settings` and no network
+code, so a plan is made without the HTTP client loaded.
+"""
+
+import hashlib
+from dataclasses import dataclass, field
+
+import orjson
+
+from eagle3_datagen.settings import canonical_json
+
+
+@dataclass
+class Request:
+    """What the client sends for one (id, sample_index, turn) row."""
+
+    id: str
+    sample_index: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    seed: int
+    fingerprint: str = ""
+    turn: int = 0
+
+    @property
+    def key(self) -> tuple[str, int, int]:
+        return (self.id, self.sample_index, self.turn)
+
+    @property
+    def label(self) -> str:
+        return f"{self.id}.{self.sample_index}" + (f".t{self.turn}" if self.turn else "")
+
+    def rid(self, nonce: str, attempt: int) -> str:
+        """SGLang's request id for one attempt: unique per attempt and per run (`nonce`), since SGLang
+        rejects a rid still in flight, and an attempt from before a restart may still run on an
+        external server. `parse_rid` reads it back."""
+        return f"{self.label}.{nonce}.{attempt}"
+
+
+def parse_rid(rid: str) -> tuple[tuple[str, int, int], str, int]:
+    """((id, sample_index, turn), run nonce, attempt) of a rid the client made:
+    `{id}.{sample}[.t{turn}].{nonce}.{attempt}` (ids may hold dots; the turn is there from turn 1)."""
+    head, nonce, attempt = rid.rsplit(".", 2)
+    head, last = head.rsplit(".", 1)
+    turn = 0
+    if last.startswith("t") and last[1:].isdigit() and head.rsplit(".", 1)[-1].isdigit() and "." in head:
+        turn = int(last[1:])
+        head, last = head.rsplit(".", 1)
+    return (head, int(last), turn), nonce, int(attempt)
+
+
+@dataclass
+class RequestTemplate:
+    """The parts of every request body that do not vary by row."""
+
+    sampling: dict
+    stop_token_ids: list[int]
+    vocab_size: int
+    model_fingerprint: dict = field(default_factory=dict)
+    _model_json: bytes | None = field(default=None, repr=False, compare=False)
+    _orjson_agrees: bool | None = field(default=None, repr=False, compare=False)
+
+    def body(self, req: Request, rid: str) -> bytes:
+        """The /generate body of one attempt, as JSON bytes."""
+        return orjson.dumps({"input_ids": req.prompt_ids, "sampling_params": self.sampling_params(req), "rid": rid})
+
+    def sampling_params(self, req: Request) -> dict:
+        # Every value explicit: /generate applies none of the model's generation_config defaults.
+        return {
+            **self.sampling,
+            "max_new_tokens": req.max_new_tokens,
+            "stop_token_ids": self.stop_token_ids,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+            "sampling_seed": req.seed,
+        }
+
+    def _sampling_json(self, params: dict) -> bytes:
+        """`canonical_json(params)`, by orjson where it writes the same bytes: checked on the first
+        request, since only integers (budget, seed) differ from one request to the next, and orjson
+        writes integers as the standard library does (it differs on some floats, e.g. 1e-05)."""
+        try:
+            fast = orjson.dumps(params, option=orjson.OPT_SORT_KEYS)
+        except TypeError:  # an integer beyond 64 bits
+            return canonical_json(params)
+        if self._orjson_agrees is None:
+            self._orjson_agrees = fast == canonical_json(params)
+        return fast if self._orjson_agrees else canonical_json(params)
+
+    def fingerprint(self, req: Request) -> str:
+        """Identity of the request's result: the same fingerprint always means the same generation.
+
+        `stable_hash([model_fingerprint, prompt_ids, sampling_params, sample_index])`, byte for byte,
+        with the prompt ids (the bulk) written by orjson: a list of integers comes out the same as
+        from the standard library's canonical form, and the rest is small."""
+        if self._model_json is None:
+            self._model_json = canonical_json(self.model_fingerprint)
+        digest = hashlib.sha256(b"[")
+        digest.update(self._model_json)
+        digest.update(b",")
+        digest.update(orjson.dumps(req.prompt_ids))
+        digest.update(b",")
+        digest.update(self._sampling_json(self.sampling_params(req)))
+        digest.update(b"," + str(int(req.sample_index)).encode() + b"]")
+        return digest.hexdigest()

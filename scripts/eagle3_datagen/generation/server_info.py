@@ -1,0 +1,129 @@
+"""What a server says of itself: `/server_info` and `/model_info` (as SGLang 0.5.23 names them, else
+the older `/get_...` forms), the context it really serves, the start-up checks of its flags
+against the config (refusing a server that would corrupt data), and its load (`/v1/loads`).
+
+Imports `answers` (SGLang's error shapes) and `load` (reading a load answer).
+"""
+
+import json
+import logging
+
+import aiohttp
+import orjson
+
+from eagle3_datagen.generation.answers import error_text
+from eagle3_datagen.generation.load import Load, parse_loads
+
+log = logging.getLogger(__name__)
+
+LOAD_TIMEOUT_S = 5.0
+
+
+async def fetch_json(url: str, *, headers: dict | None = None, timeout_s: float = 30.0) -> dict:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            text = await resp.text()
+            if resp.status != 200:
+                raise HTTPStatusError(resp.status, f"GET {url}: {error_text(resp.status, text)}")
+            return json.loads(text)
+
+
+class HTTPStatusError(RuntimeError):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+async def fetch_info(base_url: str, name: str, *, headers: dict | None = None) -> dict:
+    """`/server_info` or `/model_info` as 0.5.23 names them, else the older `/get_...` form (404 first).
+
+    0.5.23 still serves the `get_` forms but logs a deprecation warning for each call.
+    """
+    try:
+        return await fetch_json(f"{base_url}/{name}", headers=headers)
+    except HTTPStatusError as exc:
+        if exc.status != 404:
+            raise
+        return await fetch_json(f"{base_url}/get_{name}", headers=headers)
+
+
+# SGLang's scheduler admits prompts shorter than max_req_input_len = min(context, KV pool) - 1 - 5
+# (tp_worker.py, 0.5.23): the context a server really serves is that plus 6.
+MAX_REQ_INPUT_MARGIN = 6
+
+
+def served_context(info: dict) -> int | None:
+    """The context the server serves: its --context-length (null when it was not given) and, where
+    reported, the smaller limit its KV pool sets (max_req_input_len); None when it reports neither."""
+    limits = []
+    if info.get("context_length") is not None:
+        limits.append(int(info["context_length"]))
+    if info.get("max_req_input_len") is not None:
+        limits.append(int(info["max_req_input_len"]) + MAX_REQ_INPUT_MARGIN)
+    return min(limits) if limits else None
+
+
+def check_server_info(info: dict, *, context_length: int, url: str) -> list[str]:
+    """Start-up checks of /server_info against the config. Raises on what would corrupt data."""
+    warnings = []
+    if info.get("allow_auto_truncate"):
+        raise RuntimeError(f"{url} runs with --allow-auto-truncate: it would silently cut prompts; refusing to use it")
+    server_context = served_context(info)
+    if server_context is None:
+        raise RuntimeError(
+            f"{url} reports neither context_length nor max_req_input_len, so the prompts sized for "
+            f"model.context_length {context_length} cannot be checked against it; start it with --context-length"
+        )
+    if server_context < context_length:
+        raise RuntimeError(
+            f"{url} serves a context of {server_context} tokens, but model.context_length is {context_length}: "
+            "requests sized for the config would be rejected"
+        )
+    for flag in ("reasoning_parser", "tool_call_parser"):
+        if info.get(flag):
+            warnings.append(
+                f"{url} runs with --{flag.replace('_', '-')} {info[flag]}: it only affects the OpenAI chat "
+                "layer, not /generate, but a server for this pipeline needs none"
+            )
+    if info.get("skip_tokenizer_init"):
+        warnings.append(f"{url} runs with --skip-tokenizer-init: responses will carry no text (ids are unaffected)")
+    return warnings
+
+
+class LoadReader:
+    """The servers' load, summed over them: `/v1/loads`, else the older `/get_load` (the first that
+    answers is kept per server; a server with neither is not asked again)."""
+
+    def __init__(self, urls: list[str]):
+        self.urls = urls
+        self.paths: dict[str, str | None] = {}  # the load endpoint each server answers, None: none
+
+    def may_answer(self) -> bool:
+        return any(self.paths.get(url, "") is not None for url in self.urls)
+
+    def endpoints(self) -> list[str]:
+        return sorted({p for p in self.paths.values() if p})
+
+    async def _read_one(self, session: aiohttp.ClientSession, url: str) -> Load | None:
+        for path in [self.paths[url]] if url in self.paths else ["/v1/loads", "/get_load"]:
+            try:
+                async with session.get(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=LOAD_TIMEOUT_S)) as resp:
+                    if resp.status != 200:
+                        continue
+                    load = parse_loads(orjson.loads(await resp.read()))
+                    self.paths[url] = path
+                    return load
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                log.debug("%s%s: %s", url, path, exc)
+        self.paths.setdefault(url, None)
+        return None
+
+    async def read(self, session: aiohttp.ClientSession) -> Load | None:
+        """None when a server has no load endpoint or does not answer."""
+        total = None
+        for url in self.urls:
+            load = await self._read_one(session, url)
+            if load is None:
+                return None
+            total = load if total is None else total + load
+        return total

@@ -1,0 +1,136 @@
+"""The library's shape, checked: imports run one way (each layer imports only its own and lower
+layers, with no cycles), every module says what it owns, and no module or function outgrows one
+purpose (400 and 80 lines)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "scripts" / "eagle3_datagen"
+
+# Lowest first: a module may import from its own layer and those below it.
+LAYERS = {
+    "settings": 0,
+    "storage": 1,
+    "tokens": 2,
+    "demo": 2,
+    "generation": 3,
+    "figures": 4,
+    "steps": 5,
+    "workflow": 6,
+    "runner": 6,
+}
+# The CPU stand-in of SGLang stands apart: it may use the settings and itself, nothing else.
+ENGINE_MAY_IMPORT = {"settings", "engine"}
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imported(path: Path, name: str, known: set[str]) -> set[str]:
+    """The package's modules that `path` (module `name`) imports, at module level or in a function."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        for target in targets:
+            if target in known and target != name:
+                found.add(target)
+    return found
+
+
+def area(module: str) -> str:
+    """`eagle3_datagen.generation.client` -> `generation`; the package itself -> ``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+MODULES = modules()
+GRAPH = {name: imported(path, name, set(MODULES)) for name, path in MODULES.items()}
+
+
+def test_every_module_belongs_to_a_layer():
+    unplaced = sorted(m for m in MODULES if area(m) and area(m) not in LAYERS and area(m) != "engine")
+    assert not unplaced, f"modules outside every layer (add the area to LAYERS with its place): {unplaced}"
+
+
+def test_imports_run_down_the_layers():
+    upward = []
+    for name, targets in GRAPH.items():
+        here = area(name)
+        for target in targets:
+            there = area(target)
+            if not there:
+                continue  # the package's own __init__
+            if here == "engine":
+                if there not in ENGINE_MAY_IMPORT:
+                    upward.append(f"{name} -> {target}")
+            elif there == "engine" or (here in LAYERS and LAYERS[there] > LAYERS[here]):
+                upward.append(f"{name} -> {target}")
+    assert not upward, "imports against the layers:\n" + "\n".join(sorted(upward))
+
+
+def test_there_are_no_import_cycles():
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    cycles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(GRAPH[name]):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join(path[path.index(target) :] + [name, target]))
+            elif target not in state:
+                visit(target, path + [name])
+        state[name] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_each_module_has_one_purpose_it_names(name):
+    path = MODULES[name]
+    text = path.read_text()
+    tree = ast.parse(text)
+    lines = len(text.splitlines())
+    assert lines <= MAX_MODULE_LINES, (
+        f"{path} has {lines} lines (at most {MAX_MODULE_LINES}): split it where its purposes part"
+    )
+    assert ast.get_docstring(tree), f"{path} has no docstring saying what it owns"
+    long = [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines, line {node.lineno})"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"{path}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_the_checks_would_catch_a_violation(tmp_path):
+    """The graph walk sees relative and absolute imports, in functions too."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from eagle3_datagen.steps import generate\n")
+    assert imported(probe, "eagle3_datagen.storage.probe", set(MODULES)) >= {"eagle3_datagen.steps.generate"}
+    probe.write_text("from ..generation.client import GenerateClient\n")
+    assert "eagle3_datagen.generation.client" in imported(probe, "eagle3_datagen.storage.probe", set(MODULES))
