@@ -54,9 +54,12 @@ Figures, per client and run:
                    server is already healthy. The project's goal: within 2 s. Whether torch got imported
                    in the project's process is reported too.
 Ratios are project / bare and project / speculators per repeat (the three of a repeat ran back to
-back), median and min-max. Goals: project >= 3x speculators and >= 1.0x bare at 256 output tokens;
->= 1.0x bare at 4,096 and 32,768. Last, one more project run at --profile-length under cProfile (not
-counted), its top functions by tottime.
+back), median and min-max. Goals, set by the real limit (a GPU server answers a few to a few hundred
+requests a second; an 8-GPU Kimi-K2.5 server about one ~10k-token answer a second): the project's
+steady CPU at most 1 ms per request at 4,096 output tokens (1,000 answers a second on one core), and
+its rate at least 2x speculators' at 256 and 4,096. The bare client is the floor to read against, not
+a goal. Last, one more project run at --profile-length under cProfile (not counted), its top
+functions by tottime.
 
     .venv/bin/python bench/client_speed.py [--requests 2000] [--long-requests 400] [--repeats 3]
         [--lengths 256,4096,32768] [--concurrency 64] [--clients bare,speculators,project]
@@ -596,7 +599,11 @@ def spread(values: list[float], fmt: str, unit: str = "") -> str:
 
 
 def report(results: dict, args, inputs: dict, canned: bool) -> list[str]:
-    goals = {256: {"bare": 1.0, "speculators": 3.0}}
+    # The real limit is the GPU's rate (an 8-GPU Kimi-K2.5 server answers about one ~10k-token request a
+    # second): at most 1 ms of the client's CPU per 4,096-token answer is 1,000 answers a second on one
+    # core; and at least twice the rate of speculators' client where the client is what is measured.
+    goals = {256: {"speculators": 2.0}, 4096: {"speculators": 2.0}}
+    cpu_goals = {4096: 1.0}
     lines = []
     for length, runs in results.items():
         n = inputs[length]["n"]
@@ -617,12 +624,16 @@ def report(results: dict, args, inputs: dict, canned: bool) -> list[str]:
                 per = [p["steady_rps"] / f["steady_rps"] for p, f in zip((figures(r) for r in runs["project"]), figs)]
                 ratio = spread(per, ".2f", "×")
                 median_ratio = statistics.median(per)
-                goal = goals.get(length, {}).get(client, 1.0 if client == "bare" else None)
+                goal = goals.get(length, {}).get(client)
                 if goal is not None:
                     ratio += f", goal ≥ {goal:.1f}×: {'met' if median_ratio >= goal else 'NOT met'}"
+            cpu = spread([f["cpu_ms_steady"] for f in figs], ".3f")
+            if client == "project" and length in cpu_goals:
+                met = statistics.median(f["cpu_ms_steady"] for f in figs) <= cpu_goals[length]
+                cpu += f", goal ≤ {cpu_goals[length]:.1f} ms: {'met' if met else 'NOT met'}"
             lines.append(
                 f"| {client} | {spread([f['steady_rps'] for f in figs], '.1f')} | {ratio} | "
-                f"{spread([f['cpu_ms_steady'] for f in figs], '.3f')} | {spread([f['cpu_ms_run'] for f in figs], '.3f')} | "
+                f"{cpu} | {spread([f['cpu_ms_run'] for f in figs], '.3f')} | "
                 f"{spread([f['server_busy_steady'] * 100 for f in figs], '.0f', ' %')} | "
                 f"{spread([f['wall_run_s'] for f in figs], '.1f')} | {spread([f['startup_process_s'] for f in figs], '.2f')} |"
             )

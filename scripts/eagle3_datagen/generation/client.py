@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import aiohttp
+from yarl import URL
 
 from eagle3_datagen.generation.answers import FinalError, RetryableError, interpret
 from eagle3_datagen.generation.journal import Journal
@@ -91,6 +92,8 @@ class GenerateClient:
         if not urls:
             raise ValueError("no server URL to send requests to")
         self.urls = [u.rstrip("/") for u in urls]
+        # Parsed once: aiohttp would parse a string URL again for every request.
+        self._generate_urls = [URL(f"{u}/generate") for u in self.urls]
         self.template = template
         self.settings = settings
         # Every request's headers: bodies are JSON (orjson bytes), and the API key where one is set.
@@ -108,8 +111,8 @@ class GenerateClient:
         self.timeline = Timeline()
         self.control: Concurrency | None = None
 
-    def _url(self) -> str:
-        url = self.urls[self._next_url % len(self.urls)]
+    def _url(self) -> URL:
+        url = self._generate_urls[self._next_url % len(self._generate_urls)]
         self._next_url += 1
         return url
 
@@ -138,7 +141,7 @@ class GenerateClient:
         self.in_flight += 1
         try:
             body = self.template.body(req, req.rid(self.run_nonce, attempt))
-            async with self.session.post(f"{self._url()}/generate", data=body) as resp:
+            async with self.session.post(self._url(), data=body) as resp:
                 return resp.status, await resp.read()
         except asyncio.CancelledError:
             # The watchdog's cancellation alone is a timeout; any other (the job stopping) goes on.
