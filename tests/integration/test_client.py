@@ -29,10 +29,8 @@ def backend(qwen3_tokenizer_dir):
 
 
 @pytest.fixture(scope="module")
-def tokenizer(qwen3_tokenizer_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
+def tokenizer(qwen3_tokenizer):
+    return qwen3_tokenizer
 
 
 def requests_for(tokenizer, n, *, max_new_tokens=40):
@@ -425,6 +423,15 @@ def test_the_request_fingerprint_is_the_canonical_hash_byte_for_byte():
         assert template.fingerprint(req) == expected  # the second time, with the check made
 
 
+async def sent(client, timeout_s=120):
+    """Until the client has a request in flight (polled: a loaded machine is slow, not wrong)."""
+    for _ in range(int(timeout_s / 0.005)):
+        if client.in_flight:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the request was never sent")
+
+
 def test_a_timeout_is_a_retryable_error_but_a_stop_stays_a_stop():
     """The watchdog's cancellation of a request past its deadline becomes a timeout; a cancellation
     from elsewhere (the job stopping), even at the same moment, is not swallowed."""
@@ -444,14 +451,14 @@ def test_a_timeout_is_a_retryable_error_but_a_stop_stays_a_stop():
             with pytest.raises(RetryableError, match="timed out after 0 s"):
                 await client._post(req, 1)
             task = asyncio.ensure_future(client._post(req, 2))
-            await asyncio.sleep(0.05)
+            await sent(client)
             client._deadlines._expired.add(task)  # the watchdog's cancellation ...
             task.cancel()
             task.cancel()  # ... and a stop at the same moment
             outcome = (await asyncio.gather(task, return_exceptions=True))[0]
             assert isinstance(outcome, asyncio.CancelledError)
             task = asyncio.ensure_future(client._post(req, 3))
-            await asyncio.sleep(0.05)
+            await sent(client)
             task.cancel()  # a stop before the deadline
             outcome = (await asyncio.gather(task, return_exceptions=True))[0]
             assert isinstance(outcome, asyncio.CancelledError)

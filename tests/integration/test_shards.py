@@ -1,4 +1,6 @@
-"""A large category split into shards: one generate job (and server) per shard, merged in prompt order."""
+"""A large category split into shards: one generate job (and server) per shard, merged in prompt order.
+The runs ask for the merged generations, all this test reads (the checks and exports after them are
+the whole-DAG tests' business)."""
 
 import pytest
 from workdir import Workdir
@@ -27,7 +29,7 @@ def test_shards_generate_apart_and_merge_in_prompt_order(tmp_path, qwen3_tokeniz
     )
     sheet = wd.path / "config" / "categories.tsv"
     sheet.write_text("category\tprompts\tshards\nbig\tconfig/prompts/big.jsonl\t3\n")
-    wd.snakemake("--cores", "2")
+    wd.snakemake("--cores", "2", "results/generations/big.parquet")
 
     for shard in range(3):
         rows = read_rows(wd.path / "results" / "generations" / "big" / f"shard_{shard}.parquet")
@@ -41,7 +43,7 @@ def test_shards_generate_apart_and_merge_in_prompt_order(tmp_path, qwen3_tokeniz
 
     # Another shard count moves rows between jobs, but every answer is already in the cache.
     sheet.write_text("category\tprompts\tshards\nbig\tconfig/prompts/big.jsonl\t2\n")
-    wd.snakemake("--cores", "2")
+    wd.snakemake("--cores", "2", "results/generations/big.parquet")
     assert len(wd.engine_record("big")) == 30
     assert [r["output_ids"] for r in read_rows(wd.path / "results" / "generations" / "big.parquet")] == [
         r["output_ids"] for r in merged

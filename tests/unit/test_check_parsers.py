@@ -93,8 +93,8 @@ def kimi_call(args='{"city": "Paris"}', call_id="functions.get_weather:0"):
 
 
 @pytest.fixture(scope="module")
-def kimi(kimi_tokenizer_dir):
-    return AutoTokenizer.from_pretrained(str(kimi_tokenizer_dir)), kimi_tokenizer_dir
+def kimi(kimi_tokenizer_dir, kimi_tokenizer):
+    return kimi_tokenizer, kimi_tokenizer_dir
 
 
 def test_kimi_0523_every_class(kimi):
@@ -236,8 +236,8 @@ def test_special_reasoning_end_is_decoded_away(kimi, tmp_path):
     assert got == {"decoded_away": "reasoning_token_lost", "tools_keep_it": "exact"}
 
 
-def test_qwen3(qwen3_tokenizer_dir):
-    tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir))
+def test_qwen3(qwen3_tokenizer_dir, qwen3_tokenizer):
+    tok = qwen3_tokenizer
     profile = ModelProfile(
         name="qwen3",
         tokenizer=str(qwen3_tokenizer_dir),

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-from transformers import AutoTokenizer
 
 from eagle3_datagen.settings import ModelProfile
 from eagle3_datagen.steps.check_sequences import check_rows as check_sequences
@@ -12,7 +11,7 @@ from eagle3_datagen.tokens.vocabulary import token_id
 
 
 @pytest.fixture(scope="module")
-def kimi(kimi_tokenizer_dir):
+def kimi(kimi_tokenizer_dir, kimi_tokenizer):
     profile = ModelProfile(
         name="kimi",
         tokenizer=str(kimi_tokenizer_dir),
@@ -23,7 +22,7 @@ def kimi(kimi_tokenizer_dir):
         prompt_only_tokens=("<think>",),
         reasoning_end="</think>",
     )
-    return AutoTokenizer.from_pretrained(str(kimi_tokenizer_dir)), profile
+    return kimi_tokenizer, profile
 
 
 def make_row(tok, profile, row_id, text="What is 2+2?"):

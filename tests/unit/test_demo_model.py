@@ -58,10 +58,8 @@ WEATHER_TOOL = {
 
 
 @pytest.fixture(scope="module")
-def tok(kimi_tokenizer_dir: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(kimi_tokenizer_dir)
+def tok(kimi_tokenizer):
+    return kimi_tokenizer
 
 
 def _ids(tok, *tokens: str) -> list[int]:
@@ -126,10 +124,8 @@ def test_kimi_token_ids(tok) -> None:
     assert (tok.unk_token, tok.unk_token_id) == ("[UNK]", 163838)
 
 
-def test_text_uses_qwen3_bpe(tok, qwen3_tokenizer_dir: Path) -> None:
-    from transformers import AutoTokenizer
-
-    qwen = AutoTokenizer.from_pretrained(qwen3_tokenizer_dir)
+def test_text_uses_qwen3_bpe(tok, qwen3_tokenizer) -> None:
+    qwen = qwen3_tokenizer
     text = "Hello, wörld! 你好 def f(x):\n    return x ** 2  # 42"
     ids = tok.encode(text, add_special_tokens=False)
     assert ids == qwen.encode(text, add_special_tokens=False)

@@ -20,10 +20,8 @@ TIMING_KEYS = {"e2e_latency", "response_sent_to_client_ts"}
 
 
 @pytest.fixture(scope="module")
-def tok():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+def tok(qwen3_tokenizer):
+    return qwen3_tokenizer  # the tokenizer of TOKENIZER_DIR
 
 
 def prompt(tok, text):

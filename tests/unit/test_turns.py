@@ -4,7 +4,6 @@ exact tokens per turn (in-process, against the scripted engine and its request r
 import json
 
 import pytest
-from transformers import AutoTokenizer
 
 from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 from eagle3_datagen.generation.turns import splice_tool_results, turn_ends
@@ -107,8 +106,8 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def kimi_tok(kimi_tokenizer_dir):
-    return AutoTokenizer.from_pretrained(str(kimi_tokenizer_dir))
+def kimi_tok(kimi_tokenizer):
+    return kimi_tokenizer
 
 
 def served(record):
