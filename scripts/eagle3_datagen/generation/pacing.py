@@ -10,6 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+# The progress line is the client's line in a job's log: it keeps the client's logger name.
 log = logging.getLogger("eagle3_datagen.generation.client")
 
 
