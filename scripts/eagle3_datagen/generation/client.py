@@ -8,7 +8,9 @@ final. Every row ends as `ok` (exact `output_ids` as returned) or `failed` (with
 
 Every request goes through one aiohttp session per run: keep-alive connections per server, bodies as
 orjson bytes, answers read as bytes and parsed by orjson, no timer per request (`Deadlines` keeps
-the timeouts). Imports `requests`, `answers`, `pacing`, `load`, `server_info` and `journal`.
+the timeouts). With an `identity.AnswerCheck`, a server's first answers are checked against the job's
+tokenizer and held until it is confirmed, before any is journalled. Imports `requests`, `answers`,
+`pacing`, `load`, `session`, `server_info`, `identity` and `journal`.
 """
 
 import asyncio
@@ -25,37 +27,20 @@ import aiohttp
 from yarl import URL
 
 from eagle3_datagen.generation.answers import FinalError, RetryableError, interpret
+from eagle3_datagen.generation.identity import AnswerCheck, ServerMismatch
 from eagle3_datagen.generation.journal import Journal
 from eagle3_datagen.generation.load import Concurrency, Load, Timeline
 from eagle3_datagen.generation.pacing import Deadlines, Progress, Slots
 from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.generation.server_info import LoadReader
+from eagle3_datagen.generation.session import open_session
 from eagle3_datagen.settings import ClientSettings
 
 log = logging.getLogger(__name__)
 
-# A new connection that takes longer than this is a server that does not answer: retried.
-CONNECT_TIMEOUT_S = 30.0
-
 
 class ServerDied(RuntimeError):
     """The server this job launched is gone: no retry can succeed."""
-
-
-def open_session(headers: dict) -> aiohttp.ClientSession:
-    """The session every request of a run goes through. Tuned for thousands of POSTs of JSON bytes to
-    a few servers: no connection limit of its own (the client's slots bound what is in flight), no
-    total or read timeout (a timer per request; `Deadlines` keeps them), no cookie jar, no
-    compression asked for (SGLang answers plain JSON), and no proxy from the environment (a cluster's
-    http_proxy is for the internet, not for the job's own server)."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
-        headers=headers,
-        skip_auto_headers=("User-Agent", "Accept-Encoding"),
-        timeout=aiohttp.ClientTimeout(total=None, connect=None, sock_read=None, sock_connect=CONNECT_TIMEOUT_S),
-        cookie_jar=aiohttp.DummyCookieJar(),
-        trust_env=False,
-    )
 
 
 @dataclass
@@ -88,6 +73,7 @@ class GenerateClient:
         label: str = "generate",
         rng: random.Random | None = None,
         alive=None,
+        answer_check: AnswerCheck | None = None,
     ):
         if not urls:
             raise ValueError("no server URL to send requests to")
@@ -102,6 +88,8 @@ class GenerateClient:
         self.rng = rng or random.Random()
         # For a server this job launched: a callable telling whether its process still runs.
         self.alive = alive
+        self.answer_check = answer_check
+        self._pool: ThreadPoolExecutor | None = None  # the run's thread for tokenizer work
         self.run_nonce = secrets.token_hex(4)
         self._next_url = 0
         self.in_flight = 0
@@ -111,10 +99,11 @@ class GenerateClient:
         self.timeline = Timeline()
         self.control: Concurrency | None = None
 
-    def _url(self) -> URL:
-        url = self._generate_urls[self._next_url % len(self._generate_urls)]
+    def _url(self) -> tuple[str, URL]:
+        """The next server, round robin: (its base URL, its /generate URL)."""
+        n = self._next_url % len(self._generate_urls)
         self._next_url += 1
-        return url
+        return self.urls[n], self._generate_urls[n]
 
     def backoff(self, attempt: int) -> float:
         base = min(self.settings.backoff_max_s, self.settings.backoff_initial_s * 2 ** (attempt - 1))
@@ -132,16 +121,16 @@ class GenerateClient:
             await self._session.close()
             self._session = None
 
-    async def _post(self, req: Request, attempt: int) -> tuple[int, bytes]:
-        """POST one attempt of `req` to the next server; (status, answer bytes). A connection error or
-        the request's deadline passing is a RetryableError."""
+    async def _post(self, req: Request, attempt: int, url: URL | None = None) -> tuple[int, bytes]:
+        """POST one attempt of `req` to `url` (None: the next server); (status, answer bytes). A
+        connection error or the request's deadline passing is a RetryableError."""
         timeout_s = self.settings.request_timeout(req.max_new_tokens)
         task = asyncio.current_task()
         self._deadlines.watch(task, timeout_s)
         self.in_flight += 1
         try:
             body = self.template.body(req, req.rid(self.run_nonce, attempt))
-            async with self.session.post(self._url(), data=body) as resp:
+            async with self.session.post(url or self._url()[1], data=body) as resp:
                 return resp.status, await resp.read()
         except asyncio.CancelledError:
             # The watchdog's cancellation alone is a timeout; any other (the job stopping) goes on.
@@ -161,6 +150,7 @@ class GenerateClient:
         With `slots`, it is called holding one slot and gives it back the moment the server has
         answered, before parsing and journalling, so the next request is already on its way: the
         server never waits on this client's bookkeeping. A retry waits out its backoff without a slot.
+        An ok answer the `answer_check` wants is checked, and returned once its server is confirmed.
         """
         held = slots is not None
 
@@ -177,8 +167,9 @@ class GenerateClient:
                     await slots.acquire()
                     held = True
                 try:
+                    base, url = self._url()
                     try:
-                        status, raw = await self._post(req, attempt)
+                        status, raw = await self._post(req, attempt, url)
                     finally:
                         release()
                     if slots is not None:
@@ -188,6 +179,9 @@ class GenerateClient:
                         await asyncio.sleep(0)
                         await asyncio.sleep(0)
                     result = interpret(status, raw, req, self.template.vocab_size)
+                    if self.answer_check is not None:
+                        rid = req.rid(self.run_nonce, attempt)
+                        await self.answer_check.vet(base, rid, raw, result["output_ids"], req.prompt_ids, self._pool)
                     return {**result, "status": "ok", "error": "", "attempts": attempt}
                 except FinalError as exc:
                     return {"status": "failed", "error": str(exc), "attempts": attempt}
@@ -293,9 +287,15 @@ class GenerateClient:
                 source = None
             if not run.tasks:
                 break
-            run.wake.clear()
-            await run.wake.wait()
+            await self._wait_for_change(run)
         return None, source
+
+    async def _wait_for_change(self, run: _Run) -> None:
+        """Wait for a task to end or an answer to be held (`AnswerCheck.release_if_stuck` first)."""
+        if self.answer_check is not None:
+            self.answer_check.release_if_stuck(len(run.tasks))
+        run.wake.clear()
+        await run.wake.wait()
 
     async def _dispatch(self, run: _Run, requests: Iterable[Request]) -> None:
         """Start a request whenever a slot is free, until no work is left; then wait for the rest."""
@@ -304,6 +304,9 @@ class GenerateClient:
             run.tasks.discard(task)
             if not task.cancelled() and task.exception() is not None:
                 run.errors.append(task.exception())
+                if isinstance(task.exception(), ServerMismatch):  # nothing in flight may be kept
+                    for other in run.tasks:
+                        other.cancel()
             run.wake.set()
 
         source = iter(requests)
@@ -317,7 +320,7 @@ class GenerateClient:
             run.tasks.add(task)
             task.add_done_callback(done)
         while run.tasks:
-            await asyncio.wait(set(run.tasks))
+            await self._wait_for_change(run)
 
     async def run(
         self,
@@ -352,8 +355,13 @@ class GenerateClient:
             journal=journal,
             keep_results=keep_results,
             follow=follow,
-            pool=ThreadPoolExecutor(max_workers=1, thread_name_prefix="follow") if follow is not None else None,
+            pool=ThreadPoolExecutor(max_workers=1, thread_name_prefix="follow")
+            if follow or self.answer_check
+            else None,
         )
+        self._pool = run.pool  # the follow-ups' thread checks answers too: one user of the tokenizer at a time
+        if self.answer_check is not None:
+            self.answer_check.on_hold = run.wake.set
         self.timeline = Timeline()
         if control.auto:
             run.progress.note = lambda: f" | concurrency {run.slots.limit} (auto), {control.retractions} retractions"
@@ -370,6 +378,7 @@ class GenerateClient:
                 journal.sync()
             if run.pool is not None:
                 run.pool.shutdown(wait=True)
+                self._pool = None
         if run.errors:
             raise run.errors[0]
         if total:

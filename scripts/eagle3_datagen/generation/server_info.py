@@ -64,7 +64,8 @@ def served_context(info: dict) -> int | None:
 
 
 def check_server_info(info: dict, *, context_length: int, url: str) -> list[str]:
-    """Start-up checks of /server_info against the config. Raises on what would corrupt data."""
+    """Start-up checks of /server_info against the config. Raises on what would corrupt data (a server
+    whose answers carry no text, --skip-tokenizer-init, is refused by `identity.check_model_info`)."""
     warnings = []
     if info.get("allow_auto_truncate"):
         raise RuntimeError(f"{url} runs with --allow-auto-truncate: it would silently cut prompts; refusing to use it")
@@ -85,8 +86,6 @@ def check_server_info(info: dict, *, context_length: int, url: str) -> list[str]
                 f"{url} runs with --{flag.replace('_', '-')} {info[flag]}: it only affects the OpenAI chat "
                 "layer, not /generate, but a server for this pipeline needs none"
             )
-    if info.get("skip_tokenizer_init"):
-        warnings.append(f"{url} runs with --skip-tokenizer-init: responses will carry no text (ids are unaffected)")
     return warnings
 
 

@@ -97,8 +97,9 @@ def splice_tool_results(original: list[dict], answer: dict, following: list[dict
 
 class TurnBuilder:
     """Builds the requests of a category's conversations: turn 0 from the prompts row, each later
-    turn from the model's answer to the one before. The tokenizer is loaded on first use, so a
-    category of single-turn rows never loads it."""
+    turn from the model's answer to the one before. The tokenizer is loaded on first use (a later
+    turn, or the generate step's check of its servers' answers), so a job that sends nothing never
+    loads it."""
 
     def __init__(
         self,

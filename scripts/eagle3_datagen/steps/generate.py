@@ -2,9 +2,9 @@
 
 The generate job plans (which turns the journal already holds), starts or finds its servers, runs the
 client, and assembles the generations rows, in prompt order: one per turn of each conversation. The
-token facts come with the prompts table (`token_facts.token_facts`); the tokenizer is loaded only to
-make a conversation's later turns (`turns`), never for single-turn rows. The rows themselves are
-made, counted and merged by `generation.assemble`.
+token facts come with the prompts table (`token_facts.token_facts`); the tokenizer is loaded only by
+a job that sends rows: to check its servers' first answers (`identity`) and to make a conversation's
+later turns (`turns`). The rows themselves are made, counted and merged by `generation.assemble`.
 
 Imports `generation`, `storage`, `settings` and the step `plan_generation`.
 """
@@ -26,6 +26,7 @@ from eagle3_datagen.generation.assemble import (
     sending_job,
 )
 from eagle3_datagen.generation.client import GenerateClient, ServerDied, run_loop
+from eagle3_datagen.generation.identity import AnswerCheck, ServerMismatch, check_model_info
 from eagle3_datagen.generation.journal import Journal
 from eagle3_datagen.generation.servers import (
     api_key,
@@ -135,8 +136,15 @@ def _send_plan(
     found) until the journal holds every one; returns the provenance of the servers and the client."""
     key = api_key(engine)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
+    # Each server's first answers are checked against the tokenizer the prompts were made with (the
+    # one the later turns use), before the server is started.
+    answer_check = AnswerCheck(builder.layer.tokenizer, tokenizer_dir=profile.tokenizer)
     with servers(engine, profile=profile, log_path=server_log, key=key) as srv:
         sent = {"servers": server_provenance(srv.urls, profile, headers)}
+        for url, info in sent["servers"].items():  # refuses a server that cannot serve this job
+            log.info(
+                "%s", check_model_info(info["model_info"], info["server_info"], url=url, tokenizer=profile.tokenizer)
+            )
         # A seed labels a row; it makes the row reproducible only where the server honours it.
         sent["seeds_honoured"] = seeds_honoured(sent["servers"])
         if not sent["seeds_honoured"]:
@@ -146,7 +154,13 @@ def _send_plan(
                 category,
             )
         client = GenerateClient(
-            srv.urls, builder.template, client_settings, label=category, headers=headers, alive=srv.alive
+            srv.urls,
+            builder.template,
+            client_settings,
+            label=category,
+            headers=headers,
+            alive=srv.alive,
+            answer_check=answer_check,
         )
         # A conversation's next turn is made from its answer as soon as the answer is journalled.
         # (Only where there are later turns: each entry waits for its answer's follow-up.)
@@ -167,6 +181,8 @@ def _send_plan(
                 f"{category}: {exc}; its log is {server_log}. The journal {journal.path} keeps "
                 "every finished row: rerun to resume."
             ) from None
+        except ServerMismatch as exc:
+            raise ServerMismatch(f"{category}: {exc}") from None
         sent["client"] = _client_provenance(client)
     return sent
 
