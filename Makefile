@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # module's tests stay on one worker (--dist loadfile), so its shared workflow run is made once.
 JOBS ?= 2
 
-.PHONY: demo test test-fast lint oracles realdata clean-results
+.PHONY: demo demo-sglang-cpu test test-fast lint oracles realdata sglang-server clean-results
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,20 @@ oracles: $(STAMP)
 realdata: $(STAMP)
 	$(BIN)/python tests/realdata.py
 
-# Everything: lint, then every test (whole-DAG runs and the SLURM cluster included).
-test: lint oracles realdata
+# The real SGLang 0.5.23 server in an interpreter of its own (.cache/sglang-server/), for the suite's
+# real-SGLang tier and demo-sglang-cpu: about five minutes and 3 GB the first time, then cached.
+sglang-server: $(STAMP)
+	$(BIN)/python tests/sglang_server.py
+
+# The demo against the real SGLang server on CPU, launched by each generate job as on a cluster
+# (config/sglang-cpu.yaml). Slow (CPU only, minutes per category); writes results/ as the demo does.
+demo-sglang-cpu: $(STAMP) sglang-server
+	$(BIN)/snakemake --cores 2 --configfile config/config.yaml config/sglang-cpu.yaml
+	$(BIN)/snakemake --report report.html --configfile config/config.yaml config/sglang-cpu.yaml
+	@echo "trainer rows: results/train/train.jsonl  summary: results/summary.tsv  server logs: logs/generate/*/shard_*.server.log"
+
+# Everything: lint, then every test (whole-DAG runs, the SLURM cluster and the real SGLang server included).
+test: lint oracles realdata sglang-server
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
 
 # Unit and in-process tests only (no whole-DAG run): before every commit.

@@ -179,7 +179,7 @@ def generate_job(engine: dict) -> dict:
 
 def check_engine(engine: dict) -> None:
     """Refuse, before any job runs, an engine configuration that would corrupt data."""
-    from eagle3_datagen.generation.servers import check_extra_args
+    from eagle3_datagen.generation.launch import check_extra_args
 
     if engine["kind"] == "sglang":
         if "sglang" not in engine:

@@ -26,7 +26,7 @@ class Workdir:
 
     Every local engine a run launches records what it served in `record_dir` (one file per engine);
     `engine_args` adds more of the engine's test options (faults, latency), passed through the
-    environment as the engine's users would (servers.LOCAL_ENGINE_ARGS_ENV).
+    environment as the engine's users would (launch.LOCAL_ENGINE_ARGS_ENV).
     """
 
     def __init__(

@@ -66,3 +66,21 @@ def test_a_slurm_run_reads_job_states_with_what_works_or_is_refused_before_any_j
     with pytest.raises(ValueError, match="MinJobAge = 60 s"):
         check_slurm_status(squeue, run=cluster(0, 60))
     assert check_slurm_status(squeue, run=cluster(0, 300)) == "squeue"
+
+
+def test_the_cpu_sglang_overlay_validates_over_the_demo_and_matches_the_suites_server():
+    """config/sglang-cpu.yaml (make demo-sglang-cpu) laid over the demo as Snakemake merges them,
+    launching the server the suite installs with the suite's own CPU settings."""
+    from snakemake.utils import update_config
+
+    import sglang_server
+
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    update_config(config, yaml.safe_load((ROOT / "config" / "sglang-cpu.yaml").read_text()))
+    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    check_engine(config["engine"])
+    sglang = config["engine"]["sglang"]
+    assert ROOT / sglang["python"] == sglang_server.python()
+    assert sglang["extra_args"] == sglang_server.CPU_ARGS
+    assert {**sglang["env"], "PYTHONPATH": str(ROOT / sglang["env"]["PYTHONPATH"])} == sglang_server.CPU_ENV
+    assert sglang["model_path"] == config["model"]["tokenizer"] == "resources/demo_model"

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
+from eagle3_datagen.generation.launch import local_engine_command, server_env, sglang_command
 from eagle3_datagen.generation.redact import is_secret_name, redact, redact_command
-from eagle3_datagen.generation.servers import local_engine_command, sglang_command
 from eagle3_datagen.settings import defaults
 from eagle3_datagen.workflow import check_engine, generate_gpus
 from polling import wait_until
@@ -44,6 +44,19 @@ def test_sglang_command_follows_the_config():
         "--dp 2",
     ):
         assert part in joined
+
+
+def test_server_env_puts_the_config_on_top_of_the_jobs_environment_and_logs_only_names(monkeypatch, caplog):
+    monkeypatch.setenv("HF_HOME", "/job/hf")
+    monkeypatch.setenv("KEPT_FROM_JOB", "yes")
+    caplog.set_level("INFO")
+    env = server_env(
+        {"HF_HOME": "/scratch/hf", "NCCL_IB_DISABLE": 1, "SGLANG_USE_CPU_ENGINE": True, "HF_TOKEN": "hf_s3cret"}
+    )
+    assert env["HF_HOME"] == "/scratch/hf" and env["KEPT_FROM_JOB"] == "yes"
+    assert env["NCCL_IB_DISABLE"] == "1" and env["SGLANG_USE_CPU_ENGINE"] == "true"
+    assert "HF_TOKEN" in caplog.text and "hf_s3cret" not in caplog.text
+    assert defaults("engine", kind="sglang", sglang={"model_path": "m"})["sglang"]["env"] == {}
 
 
 @pytest.mark.parametrize(
@@ -179,6 +192,8 @@ def test_every_attempt_keeps_its_own_logs(tmp_path, caplog):
     assert sorted("attempt 0 says hello" in t for t in texts) == [False, True]
     assert {p.read_text() for p in server_logs} == {"server of attempt 0\n", "server of attempt 1\n"}
     # A stop the job asked for reads as normal, whatever the signal made of the exit code.
-    for code in (0, -signal.SIGTERM, 143, 241):
+    # SGLang 0.5.23 ends its SIGTERM shutdown by SIGKILLing itself: -9, or 247 through the watchdog.
+    for code in (0, -signal.SIGTERM, 143, 241, -signal.SIGKILL, 247):
         assert "stopped normally" in stop_message(code, stopped_here=True)
+    assert "ignored SIGTERM" in stop_message(-signal.SIGKILL, stopped_here=True, killed_here=True)
     assert "already exited by itself" in stop_message(1, stopped_here=False)

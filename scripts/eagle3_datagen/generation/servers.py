@@ -3,14 +3,13 @@
 One code path for every engine that launches a process: the server runs in its own process group
 with its own log; start-up watches both the process and `GET /health`; stopping sends SIGTERM to the
 group, then SIGKILL. Failure is detected from the process state and HTTP status, never by matching
-log text. Also here: the API key (from the environment, never the config), SIGTERM handling, and
+log text (the command lines come from `launch`). Also here: the API key (from the environment, never the config), SIGTERM handling, and
 the server facts recorded as provenance.
 """
 
 import asyncio
 import logging
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -22,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3_datagen.generation.launch import local_engine_command, server_env, sglang_command
 from eagle3_datagen.generation.redact import redact, redact_command
 from eagle3_datagen.settings import ModelProfile
 
@@ -46,102 +46,29 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text[-lines:])
 
 
-# Launch flags that would change or cut the data: parsers rewrite tokens on the chat layer (and a
-# server for this pipeline needs none), auto-truncation silently cuts prompts, and without the
-# tokenizer the server cannot check what it is given.
-REFUSED_SGLANG_FLAGS = ("--reasoning-parser", "--tool-call-parser", "--allow-auto-truncate", "--skip-tokenizer-init")
-
-
-def check_extra_args(args: list[str]) -> None:
-    """Refuse launch arguments that would reshape or cut the generated data."""
-    bad = [a for a in args if a.split("=", 1)[0] in REFUSED_SGLANG_FLAGS]
-    if bad:
-        raise ValueError(
-            f"engine.sglang.extra_args: {', '.join(bad)} would reshape or cut the generated data; remove it"
-        )
-
-
-def sglang_command(engine: dict, *, port: int, context_length: int, api_key: str | None = None) -> list[str]:
-    """`python -m sglang.launch_server ...` from the config, bound to localhost on `port`."""
-    sglang = engine["sglang"]
-    extra = [str(a) for a in sglang["extra_args"]]
-    check_extra_args(extra)
-    cmd = [
-        sglang["python"],
-        "-m",
-        "sglang.launch_server",
-        "--model-path",
-        str(sglang["model_path"]),
-        "--tp-size",
-        str(sglang["tp_size"]),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--context-length",
-        str(context_length),
-    ]
-    if sglang["trust_remote_code"]:
-        cmd.append("--trust-remote-code")
-    if engine["deterministic_inference"]:
-        cmd.append("--enable-deterministic-inference")
-    if sglang["mem_fraction_static"] is not None:
-        cmd += ["--mem-fraction-static", str(sglang["mem_fraction_static"])]
-    if api_key:
-        cmd += ["--api-key", api_key]
-    return cmd + extra
-
-
-# Extra arguments for the local engine, from the environment: how tests inject latency, faults
-# and a request record (`--error-rate 0.1 --record-dir DIR`, see `python -m eagle3_datagen.engine
-# -h`) into the engines that generate jobs launch, without a switch in the user's config.
-LOCAL_ENGINE_ARGS_ENV = "EAGLE3_DATAGEN_ENGINE_ARGS"
-
-
-def local_engine_command(
-    engine: dict, *, port: int, context_length: int, tokenizer: str, trust_remote_code: bool = False
-) -> list[str]:
-    """The command line of the CPU stand-in engine (python -m eagle3_datagen.engine)."""
-    local = engine["local"]
-    cmd = [
-        sys.executable,
-        "-m",
-        "eagle3_datagen.engine",
-        "--backend",
-        local["backend"],
-        "--model-dir",
-        str(local.get("model_dir") or tokenizer),
-        "--tokenizer-dir",
-        str(tokenizer),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--context-length",
-        str(context_length),
-        "--max-batch",
-        str(local["max_batch"]),
-    ]
-    if trust_remote_code:  # as the model profile says, like SGLang's --trust-remote-code
-        cmd.append("--trust-remote-code")
-    if engine["deterministic_inference"]:
-        cmd.append("--enable-deterministic-inference")
-    return cmd + shlex.split(os.environ.get(LOCAL_ENGINE_ARGS_ENV, ""))
-
-
 # Exit codes of a server stopped by SIGTERM: killed by the signal (-15), its shell convention
 # (143 = 128 + 15), a Python sys.exit(-15) as the watchdog passes it on (241 = 256 - 15), or 0.
-STOPPED_BY_SIGTERM = {0, -signal.SIGTERM, 128 + signal.SIGTERM, 256 - signal.SIGTERM}
+# SGLang 0.5.23 ends its own orderly SIGTERM shutdown by SIGKILLing itself (kill_process_tree with
+# include_parent, srt/utils/common.py), so -9 (247 through the watchdog) is normal too when it came
+# before this job's own SIGKILL.
+STOPPED_BY_SIGTERM = {
+    0,
+    -signal.SIGTERM,
+    128 + signal.SIGTERM,
+    256 - signal.SIGTERM,
+    -signal.SIGKILL,
+    256 - signal.SIGKILL,
+}
 
 
-def stop_message(code: int | None, *, stopped_here: bool) -> str:
+def stop_message(code: int | None, *, stopped_here: bool, killed_here: bool = False) -> str:
     """How a server's end reads in the log: a stop this job asked for is normal, whatever its code."""
     if not stopped_here:
         return f"the server had already exited by itself, with exit code {code}"
+    if killed_here:
+        return "server killed (SIGKILL) after it ignored SIGTERM"
     if code in STOPPED_BY_SIGTERM:
         return f"server stopped normally (SIGTERM from this job; exit code {code})"
-    if code == -signal.SIGKILL:
-        return "server killed (SIGKILL) after it ignored SIGTERM"
     return f"server stopped after SIGTERM, with exit code {code}"
 
 
@@ -219,7 +146,7 @@ class ManagedServer:
     def stop(self, grace_s: float = 30.0) -> None:
         if self.proc is None:
             return
-        already = self.proc.poll()
+        already, killed = self.proc.poll(), False
         if already is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
@@ -228,6 +155,7 @@ class ManagedServer:
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
+                killed = True
                 log.warning("server pid %d ignored SIGTERM for %.0f s; killing it", self.proc.pid, grace_s)
                 try:
                     os.killpg(self.proc.pid, signal.SIGKILL)
@@ -235,7 +163,7 @@ class ManagedServer:
                     pass
                 self.proc.wait()
         self._log.close()
-        log.info("%s", stop_message(self.proc.returncode, stopped_here=already is None))
+        log.info("%s", stop_message(self.proc.returncode, stopped_here=already is None, killed_here=killed))
 
     def __enter__(self) -> str:
         return self.start()
@@ -286,8 +214,10 @@ def servers(engine: dict, *, profile: ModelProfile, log_path: Path, key: str | N
         yield Servers(list(engine["external"]["urls"]))
         return
     port = free_port()
+    env = None
     if kind == "sglang":
         cmd = sglang_command(engine, port=port, context_length=profile.context_length, api_key=key)
+        env = server_env(engine["sglang"].get("env") or {})
     else:
         cmd = local_engine_command(
             engine,
@@ -296,7 +226,9 @@ def servers(engine: dict, *, profile: ModelProfile, log_path: Path, key: str | N
             tokenizer=profile.tokenizer,
             trust_remote_code=profile.trust_remote_code,
         )
-    server = ManagedServer(cmd, port=port, log_path=log_path, startup_timeout_s=float(engine["startup_timeout_s"]))
+    server = ManagedServer(
+        cmd, port=port, log_path=log_path, startup_timeout_s=float(engine["startup_timeout_s"]), env=env
+    )
     with server as url:
         yield Servers([url], server)
 

@@ -1,0 +1,107 @@
+"""The command lines and environment of the servers a generate job launches: SGLang's
+`launch_server` from `engine.sglang` (its flags checked: none that would reshape or cut the data;
+`engine.sglang.env` on top of the job's environment) and the CPU stand-in engine.
+
+Imports only the standard library; `servers` runs what this module builds.
+"""
+
+import logging
+import os
+import shlex
+import sys
+
+log = logging.getLogger(__name__)
+
+
+# Launch flags that would change or cut the data: parsers rewrite tokens on the chat layer (and a
+# server for this pipeline needs none), auto-truncation silently cuts prompts, and without the
+# tokenizer the server cannot check what it is given.
+REFUSED_SGLANG_FLAGS = ("--reasoning-parser", "--tool-call-parser", "--allow-auto-truncate", "--skip-tokenizer-init")
+
+
+def check_extra_args(args: list[str]) -> None:
+    """Refuse launch arguments that would reshape or cut the generated data."""
+    bad = [a for a in args if a.split("=", 1)[0] in REFUSED_SGLANG_FLAGS]
+    if bad:
+        raise ValueError(
+            f"engine.sglang.extra_args: {', '.join(bad)} would reshape or cut the generated data; remove it"
+        )
+
+
+def sglang_command(engine: dict, *, port: int, context_length: int, api_key: str | None = None) -> list[str]:
+    """`python -m sglang.launch_server ...` from the config, bound to localhost on `port`."""
+    sglang = engine["sglang"]
+    extra = [str(a) for a in sglang["extra_args"]]
+    check_extra_args(extra)
+    cmd = [
+        sglang["python"],
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(sglang["model_path"]),
+        "--tp-size",
+        str(sglang["tp_size"]),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--context-length",
+        str(context_length),
+    ]
+    if sglang["trust_remote_code"]:
+        cmd.append("--trust-remote-code")
+    if engine["deterministic_inference"]:
+        cmd.append("--enable-deterministic-inference")
+    if sglang["mem_fraction_static"] is not None:
+        cmd += ["--mem-fraction-static", str(sglang["mem_fraction_static"])]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    return cmd + extra
+
+
+def server_env(extra: dict) -> dict:
+    """The launched server's environment: the job's own, with `engine.sglang.env` on top (values as
+    text). Only the names are logged: values may hold credentials."""
+    env = dict(os.environ)
+    for name, value in extra.items():
+        env[str(name)] = str(value).lower() if isinstance(value, bool) else str(value)
+    if extra:
+        log.info("server environment from engine.sglang.env: %s", ", ".join(sorted(map(str, extra))))
+    return env
+
+
+# Extra arguments for the local engine, from the environment: how tests inject latency, faults
+# and a request record (`--error-rate 0.1 --record-dir DIR`, see `python -m eagle3_datagen.engine
+# -h`) into the engines that generate jobs launch, without a switch in the user's config.
+LOCAL_ENGINE_ARGS_ENV = "EAGLE3_DATAGEN_ENGINE_ARGS"
+
+
+def local_engine_command(
+    engine: dict, *, port: int, context_length: int, tokenizer: str, trust_remote_code: bool = False
+) -> list[str]:
+    """The command line of the CPU stand-in engine (python -m eagle3_datagen.engine)."""
+    local = engine["local"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3_datagen.engine",
+        "--backend",
+        local["backend"],
+        "--model-dir",
+        str(local.get("model_dir") or tokenizer),
+        "--tokenizer-dir",
+        str(tokenizer),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--context-length",
+        str(context_length),
+        "--max-batch",
+        str(local["max_batch"]),
+    ]
+    if trust_remote_code:  # as the model profile says, like SGLang's --trust-remote-code
+        cmd.append("--trust-remote-code")
+    if engine["deterministic_inference"]:
+        cmd.append("--enable-deterministic-inference")
+    return cmd + shlex.split(os.environ.get(LOCAL_ENGINE_ARGS_ENV, ""))

@@ -1,0 +1,267 @@
+"""The production engine path against the real SGLang 0.5.23 server on CPU (engine.kind: sglang).
+
+The whole workflow launches the real server from its own interpreter (tests/sglang_server.py)
+with the CPU settings passed as a cluster user passes theirs, through `engine.sglang.env` and
+`engine.sglang.extra_args`. Its rows are checked against an independent oracle: with greedy
+sampling, every generated turn's output ids are transformers' greedy continuation of its prompt
+ids on the same weights. The KV pool is kept small (`--max-total-tokens`) so `concurrency: auto`
+meets real retractions. A job killed by SIGKILL or stopped by SIGTERM leaves none of the server's
+processes (HTTP server, scheduler, detokenizer) behind.
+"""
+
+import subprocess
+import sys
+import textwrap
+import threading
+from collections import Counter
+
+import pytest
+from workdir import ROOT, Workdir, demo_rows
+
+import sglang_server
+from eagle3_datagen.storage.tables import read_rows
+from polling import wait_until
+from real_sglang import STARTUP_TIMEOUT_S, alive, descendants, server_python
+
+pytestmark = [pytest.mark.slow, pytest.mark.real_sglang]
+
+CONTEXT = 512
+# Above the context (the client refuses a server whose pool cannot hold one full-context request),
+# and small enough that the requests it admits outgrow it: SGLang admits a request when its prompt
+# and whole budget fit beside the running ones' expected growth (SGLANG_INIT_NEW_TOKEN_RATIO below),
+# so about eight ~100-token prompts run at once, and their answers need more than is left.
+KV_POOL_TOKENS = 1024
+MAX_NEW_TOKENS = 40
+
+
+def sglang_engine(model_dir, *, deterministic=False, extra=()) -> dict:
+    return {
+        "kind": "sglang",
+        "deterministic_inference": deterministic,
+        "startup_timeout_s": STARTUP_TIMEOUT_S,
+        "job": {"cpus": 1, "mem_mb": 4000, "runtime": 60},
+        "sglang": {
+            "python": server_python(),
+            "model_path": str(model_dir),
+            "tp_size": 1,
+            "env": dict(sglang_server.CPU_ENV),
+            "extra_args": [*sglang_server.CPU_ARGS, *extra],
+        },
+    }
+
+
+def launches_sglang(cmdlines: str) -> bool:
+    return any(c.split()[1:3] == ["-m", "sglang.launch_server"] for c in cmdlines.split(" | "))
+
+
+class ProcessWatch:
+    """Every process seen below `pid` while it runs (polled from a thread): the job, the watchdog,
+    the server and the processes the server starts, whatever they rename themselves to."""
+
+    def __init__(self, pid: int):
+        self.pid, self.seen, self._stop = pid, {}, threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self):
+        while not self._stop.is_set():
+            for pid, cmdline in descendants(self.pid).items():
+                self.seen.setdefault(pid, set()).add(cmdline)  # every name it had: SGLang renames some
+            self._stop.wait(0.2)
+
+    def stop(self) -> dict[int, str]:
+        self._stop.set()
+        self._thread.join()
+        return {pid: " | ".join(sorted(names)) for pid, names in self.seen.items()}
+
+
+@pytest.fixture(scope="module")
+def sglang_run(tmp_path_factory, demo_model_dir):
+    """The demo categories (tool calls and multi-turn chats included) generated greedily by real
+    SGLang servers that the generate jobs launch, with every process they started recorded."""
+    path = tmp_path_factory.mktemp("real_sglang")
+    wd = Workdir(
+        path,
+        tokenizer=demo_model_dir,
+        model_dir=demo_model_dir,
+        backend="model",
+        categories={"math": demo_rows("math", 47), "chat": demo_rows("chat", 47)},
+    )
+    wd.config["engine"] = sglang_engine(demo_model_dir, extra=["--max-total-tokens", str(KV_POOL_TOKENS)])
+    # SGLang admits a request when its prompt plus this share of its budget fits the pool (0.7 at
+    # first, decaying): near zero, it admits what the prompts allow, and the answers' growth must be
+    # met by retracting, as a busy GPU server does late in a long run. Passed as a cluster user
+    # passes any SGLANG_* setting.
+    wd.config["engine"]["sglang"]["env"]["SGLANG_INIT_NEW_TOKEN_RATIO"] = "0.01"
+    wd.config["sampling"] = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+    wd.config["model"]["context_length"] = CONTEXT
+    wd.config["max_new_tokens"] = MAX_NEW_TOKENS
+    wd.config["client"].update(concurrency="auto", max_concurrency=64, load_poll_s=0.2)
+    wd.write_config()
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(wd.snakefile), "--directory", str(path)]
+    proc = subprocess.Popen(
+        cmd + ["--cores", "2", "results/train/train.jsonl", "results/summary.tsv"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=wd.env(),
+    )
+    watch = ProcessWatch(proc.pid)
+    out, _ = proc.communicate(timeout=1800)
+    wd.processes = watch.stop()
+    assert proc.returncode == 0, out[-8000:]
+    return wd
+
+
+def test_the_jobs_launched_and_stopped_real_sglang_servers(sglang_run):
+    servers = {pid: cmd for pid, cmd in sglang_run.processes.items() if launches_sglang(cmd)}
+    assert len(servers) == 2, sglang_run.processes  # one per generate job
+    for category in ("math", "chat"):
+        log = (sglang_run.path / "logs" / "generate" / category / "shard_0.server.log").read_text()
+        assert "The server is fired up and ready to roll" in log
+    # Nothing the jobs started outlives them: HTTP server, scheduler, detokenizer, watchdog.
+    assert not alive(sglang_run.processes), {p: sglang_run.processes[p] for p in alive(sglang_run.processes)}
+
+
+def test_every_row_is_transformers_greedy_continuation_on_the_same_weights(sglang_run, demo_model_dir):
+    """The independent oracle: transformers' own greedy decoding on the same weights, given each
+    row's prompt ids (every attention position on: a prompt may hold the pad id)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
+    checked = Counter()
+    for category in ("math", "chat"):
+        rows = read_rows(sglang_run.path / "results" / "generations" / f"{category}.parquet")
+        for row in (r for r in rows if r["status"] == "ok"):
+            prompt, out = torch.tensor([list(row["prompt_ids"])]), list(row["output_ids"])
+            with torch.no_grad():
+                own = model.generate(
+                    prompt,
+                    attention_mask=torch.ones_like(prompt),
+                    max_new_tokens=len(out),
+                    do_sample=False,
+                    eos_token_id=None,
+                )[0, prompt.shape[1] :].tolist()
+            where = f"{category} {row['id']} turn {row['turn']}"
+            assert own == out, f"{where}: SGLang's output differs from transformers' greedy continuation"
+            # The server's finish, as returned: a stop on the configured stop id (kept), or the budget.
+            if row["finish_type"] == "stop":
+                assert out[-1] == int(row["finish_matched"]) == 163586, where
+            else:
+                assert row["finish_type"] == "length" and len(out) == row["max_new_tokens"], where
+            checked[(row["turn"] > 0, bool(row["tools"]), row["finish_type"])] += 1
+    print(f"greedy-exact rows (later turn, tools, finish): {dict(checked)}")
+    assert sum(checked.values()) >= 100, checked
+    for what, seen in (("a later turn", lambda k: k[0]), ("a row with tools", lambda k: k[1])):
+        assert any(seen(key) for key in checked), f"no {what} was checked: {checked}"
+    assert {key[2] for key in checked} == {"stop", "length"}, checked
+
+
+def test_exported_rows_hold_the_servers_tokens(sglang_run):
+    for category in ("math", "chat"):
+        generated = {
+            (r["id"], r["sample_index"], r["turn"]): r
+            for r in read_rows(sglang_run.path / "results" / "generations" / f"{category}.parquet")
+        }
+        exported = sglang_run.jsonl(f"results/dataset/{category}.jsonl")
+        assert exported
+        for row in exported:
+            turns = [
+                generated[(row["id"], row["sample_index"], t)] for t in range(row["turn"], row["turn"] + row["turns"])
+            ]
+            last = turns[-1]
+            assert row["input_ids"] == list(last["prompt_ids"]) + list(last["output_ids"])
+            assert [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m] == [
+                t for turn in turns for t in turn["output_ids"]
+            ]
+
+
+def test_auto_concurrency_met_real_retractions_and_every_row_came_back_once(sglang_run):
+    rows = [
+        r
+        for category in ("math", "chat")
+        for r in read_rows(sglang_run.path / "results" / "generations" / f"{category}.parquet")
+    ]
+    keys = Counter((r["id"], r["sample_index"], r["turn"]) for r in rows)
+    assert max(keys.values()) == 1
+    assert all(r["status"] in ("ok", "skipped") for r in rows), Counter(r["status"] for r in rows)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert sum(r["num_retractions"] for r in ok) > 0, "the small KV pool never made the server retract"
+    # Later turns extend the earlier turn's prompt: the radix cache serves their shared prefix.
+    later = [r for r in ok if r["turn"] > 0]
+    assert any(r["cached_tokens"] > 0 for r in later), [r["cached_tokens"] for r in later]
+
+
+JOB = textwrap.dedent(
+    """
+    import json, logging, sys, time
+    from pathlib import Path
+    from eagle3_datagen.generation.servers import servers, terminate_on_sigterm
+    from eagle3_datagen.settings import ModelProfile, defaults
+
+    logging.basicConfig(level=logging.INFO)
+    engine, model_dir, log_path = defaults("engine", **json.loads(sys.argv[1])), sys.argv[2], Path(sys.argv[3])
+    profile = ModelProfile.from_config({"name": "m", "tokenizer": model_dir, "stop_tokens": ["<|im_end|>"],
+                                        "context_length": 2048})
+    with terminate_on_sigterm(), servers(engine, profile=profile, log_path=log_path, key=None) as s:
+        print("SERVING", s.urls[0], flush=True)
+        time.sleep(3600)
+    """
+)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_a_killed_or_stopped_job_leaves_no_server_process(signal_name, tmp_path, demo_model_dir):
+    import json
+
+    engine = sglang_engine(demo_model_dir)
+    cmd = [sys.executable, "-c", JOB, json.dumps(engine), str(demo_model_dir), str(tmp_path / "server.log")]
+    env = {"PYTHONPATH": str(ROOT / "scripts"), "PATH": "/usr/bin:/bin"}
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        wait_for_serving(job)
+        stop_the_job(job, signal_name)
+    finally:
+        job.kill()  # whatever failed: the watchdog takes the server down with its job
+
+
+def wait_for_serving(job: subprocess.Popen) -> None:
+    lines = []
+    try:
+        wait_until(
+            lambda: lines.append(job.stdout.readline()) or "SERVING" in lines[-1],
+            "the job to report its server healthy",
+            timeout_s=STARTUP_TIMEOUT_S + 60,
+            process=job,
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the job said:\n{''.join(lines)}") from None
+
+
+def stop_the_job(job: subprocess.Popen, signal_name: str) -> None:
+    import signal
+
+    tree = descendants(job.pid)
+    assert sum(launches_sglang(c) for c in tree.values()) == 1, tree
+    assert len(tree) >= 4, tree  # watchdog, HTTP server, scheduler, detokenizer
+    job.send_signal(getattr(signal, signal_name))
+    job.wait(120)
+    wait_until(lambda: not alive(tree), f"every server process gone after {signal_name} of its job", timeout_s=180)
+    if signal_name == "SIGTERM":
+        assert job.returncode == 128 + signal.SIGTERM
+        assert "server stopped normally" in job.stdout.read()
+
+
+def test_a_server_that_refuses_to_start_fails_the_job_with_its_reason(tmp_path, demo_model_dir):
+    """SGLang's deterministic mode needs a GPU attention backend: on CPU the real server refuses to
+    start, and the job says why (the server log's tail) instead of waiting out its start-up timeout."""
+    import json
+
+    engine = sglang_engine(demo_model_dir, deterministic=True)
+    cmd = [sys.executable, "-c", JOB, json.dumps(engine), str(demo_model_dir), str(tmp_path / "server.log")]
+    env = {"PYTHONPATH": str(ROOT / "scripts"), "PATH": "/usr/bin:/bin"}
+    job = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=STARTUP_TIMEOUT_S)
+    assert job.returncode != 0 and "SERVING" not in job.stdout
+    assert "exited with code" in job.stderr and "during start-up" in job.stderr, job.stderr[-3000:]
+    assert "deterministic" in job.stderr.split("during start-up", 1)[1].lower(), job.stderr[-3000:]
