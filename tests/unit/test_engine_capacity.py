@@ -423,12 +423,14 @@ def test_load_reports_the_rank_in_loadsnapshot_shape():
 METRICS_META = [
     "id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions", "storage_prefetch_wait",
     "storage_staging_wait", "forward_entry_time", "prefill_finished_time", "queue_time", "reasoning_tokens",
-    "completion_tokens", "cached_tokens", "e2e_latency", "request_received_ts", "first_token_latency",
+    "completion_tokens", "cached_tokens", "weight_versions", "cached_tokens_details", "dp_rank", "e2e_latency",
+    "request_received_ts", "first_token_latency",
     "api_server_dispatch_finish_ts", "request_finished_ts", "decode_throughput", "response_sent_to_client_ts",
 ]  # fmt: skip
 PLAIN_META = [
     "id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions", "reasoning_tokens",
-    "completion_tokens", "cached_tokens", "e2e_latency", "response_sent_to_client_ts",
+    "completion_tokens", "cached_tokens", "weight_versions", "cached_tokens_details", "dp_rank", "e2e_latency",
+    "response_sent_to_client_ts",
 ]  # fmt: skip
 SECTIONS = ["memory", "disaggregation", "queues"]
 

@@ -5,10 +5,13 @@ import json
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 
+import engine_thread
 from eagle3_datagen.engine import model_facts
-from eagle3_datagen.engine.protocol import contract, errors, finish, parsing, responses, sampling
+from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.protocol import contract, errors, finish, parsing, responses, sampling, validation
 from eagle3_datagen.engine.protocol.errors import RequestError
 from eagle3_datagen.engine.protocol.sampling import SamplingParams
 
@@ -151,7 +154,7 @@ def test_n_greater_than_one_regenerates_rids():
 def test_sampling_verify_texts():
     with pytest.raises(RequestError) as e:
         SamplingParams.from_request({"top_p": 0}).verify(100)
-    assert e.value.body == {"error": {"message": "top_p must be in (0, 1], got 0.0."}}
+    assert e.value.body == {"error": {"message": "top_p must be in (0, 1], got 0."}}  # the number as sent
     with pytest.raises(RequestError) as e:
         SamplingParams.from_request({"max_new_tokens": 2, "min_new_tokens": 3}).verify(100)
     assert e.value.message == "min_new_tokens must be in [0, max_new_tokens(2)], got 3."
@@ -252,3 +255,106 @@ def test_a_5xx_abort_answers_in_the_shape_of_sglangs_http_exception_handler():
         "code": 503,
     }
     assert error_text(503, json.dumps(body)) == "HTTP 503: The request was aborted: out of memory."
+
+
+def test_verify_prints_numbers_as_they_were_sent():
+    # SGLang builds SamplingParams from the JSON values as they are: an integer prints as one.
+    for value, shown in ((-1, "-1"), (-1.0, "-1.0"), (-0.5, "-0.5")):
+        with pytest.raises(RequestError) as e:
+            SamplingParams.from_request({"temperature": value}).verify(100)
+        assert e.value.message == f"temperature must be a non-negative finite number, got {shown}."
+
+
+def test_finished_answers_carry_weight_versions_cache_details_and_dp_rank():
+    # As the real 0.5.23 server answers: spans of the one weight version, the prefix-cache hit by
+    # tier (null without one), no DP rank; the canned bytes say exactly the same.
+    def answer(cached):
+        return responses.build_response(
+            rid="r", text="hi", output_ids=[1, 2, 3], finish_reason=finish.finish_length(3), prompt_tokens=5,
+            cached_tokens=cached, e2e_latency=0.25, response_sent_ts=7.5,
+        )  # fmt: skip
+
+    meta = answer(0)["meta_info"]
+    assert list(meta)[7:] == ["cached_tokens", "weight_versions", "cached_tokens_details", "dp_rank", "e2e_latency",
+                              "response_sent_to_client_ts"]  # fmt: skip
+    assert meta["weight_versions"] == [{"version": "default", "start": 0, "end": 3}]
+    assert meta["cached_tokens_details"] is None and meta["dp_rank"] is None
+    assert answer(41)["meta_info"]["cached_tokens_details"] == {"device": 41, "host": 0}
+    canned = responses.PreparedResponse(text="hi", output_ids=[1, 2, 3], finish_reason=finish.finish_length(3))
+    assert canned.render("r", 5, 0.25, 7.5) == orjson.dumps(answer(0))
+    aborted = responses.build_response(
+        rid="w", text="", output_ids=[], finish_reason=finish.finish_abort_waiting(), prompt_tokens=None
+    )
+    assert list(aborted["meta_info"]) == [
+        "id", "finish_reason", "weight_version", "e2e_latency", "completion_tokens", "response_sent_to_client_ts",
+    ]  # fmt: skip
+
+
+REAL_INPUT_IDS_ERROR = (
+    "1 validation error:\n  {'type': 'value_error', 'loc': ('body', 'input_ids'), 'msg': 'Value error, must be list "
+    "or null; got str', 'input': 'abc', 'ctx': {'error': ValueError('must be list or null; got str')}}\n\n  File "
+    '"sglang/srt/entrypoints/http_server.py", line 928, in generate_request\n    POST /generate '
+    "[{'type': 'value_error', 'loc': ('body', 'input_ids'), 'msg': 'Value error, must be list or null; got str', "
+    "'input': 'abc', 'ctx': {'error': ValueError('must be list or null; got str')}}]"
+)
+
+
+def test_fastapi_refusals_before_the_route_runs():
+    # The texts of a real 0.5.23 server (its install path cut to the package).
+    errors_of = validation.generate_errors
+    assert validation.validation_message(errors_of({"input_ids": "abc"}), "POST", "/generate") == REAL_INPUT_IDS_ERROR
+    assert errors_of(validation.decode_body(b"", "application/json", "/generate"))[0]["type"] == "missing"
+    raw = b'{"input_ids": [1]}'
+    for header in ("text/plain", None, "application/x-www-form-urlencoded"):
+        assert validation.decode_body(raw, header, "/generate") == raw  # not JSON by its header: bytes
+    assert validation.decode_body(raw, "application/vnd.api+json; charset=utf-8", "/generate") == {"input_ids": [1]}
+    assert [e["type"] for e in errors_of(raw)] == ["dataclass_type"]
+    with pytest.raises(RequestError) as e:
+        validation.decode_body(b'{"input_ids": [1,2,', "application/json", "/generate")
+    assert e.value.body["type"] == "Bad Request" and e.value.body["code"] == 400
+    assert (
+        "'loc': ('body', 19), 'msg': 'JSON decode error', 'input': {}, 'ctx': {'error': 'unexpected end of data'}"
+        in (e.value.message)
+    )
+    found = errors_of({"input_ids": [1, 2], "stream": "maybe", "rid": [1], "sampling_params": [5]})
+    assert [(e["type"], e["loc"][1:]) for e in found] == [
+        ("dict_type", ("sampling_params", "list[dict[str,any]]", 0)), ("dict_type", ("sampling_params", "dict[str,any]")),
+        ("bool_parsing", ("stream",)), ("string_type", ("rid", "str")), ("string_type", ("rid", "list[str]", 0)),
+    ]  # fmt: skip
+    assert errors_of({"input_ids": [1], "stream": "TRUE", "rid": "a", "text": None}) == []  # lax: left to the schema
+    assert [e["type"] for e in errors_of({"input_ids": [1], "stream": None})] == ["bool_type"]
+    assert [e["type"] for e in validation.abort_errors({"rid": 5})] == ["is_instance_of", "string_type"]
+    assert validation.abort_errors({"rid": None, "other": 1}) == []
+    assert [validation.lax_bool(v) for v in ("false", "Yes", 0, 1, True, None)] == [
+        False,
+        True,
+        False,
+        True,
+        True,
+        False,
+    ]
+
+
+def test_http_answers_are_compact_json_and_starlettes_errors():
+    async def fn(client):
+        got = {}
+        for name, method, path, kw in [
+            ("generate", "POST", "/generate", {"json": {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}}}),
+            ("text_plain", "POST", "/generate", {"data": b'{"input_ids": [1]}', "headers": {"Content-Type": "text/plain"}}),
+            ("not_found", "GET", "/nowhere", {}),
+            ("wrong_method", "GET", "/generate", {}),
+            ("abort_bad", "POST", "/abort_request", {"json": {"rid": 5}}),
+            ("abort_list", "POST", "/abort_request", {"json": []}),
+            ("abort_ok", "POST", "/abort_request", {"json": {"rid": "nothing"}}),
+        ]:  # fmt: skip
+            resp = await client.request(method, path, **kw)
+            got[name] = (resp.status, resp.headers.get("Content-Type"), await resp.read())
+        return got
+
+    got = engine_thread.serve(ScriptedBackend(TOKENIZER_DIR), fn, context_length=4096)
+    status, ctype, raw = got["generate"]
+    assert (status, ctype) == (200, "application/json") and raw.startswith(b'{"text":') and b'"output_ids":[' in raw
+    assert got["text_plain"][0] == 400 and b"dataclass_type" in got["text_plain"][2]
+    assert got["not_found"] == (404, "application/json", b'{"detail":"Not Found"}')
+    assert got["wrong_method"][:2] == (405, "application/json") and b"Method Not Allowed" in got["wrong_method"][2]
+    assert [got[k][0] for k in ("abort_bad", "abort_list", "abort_ok")] == [400, 400, 200]

@@ -4,6 +4,8 @@ Everything here mirrors a named place in SGLang's source (paths under `python/sg
 CPU engine answers exactly as a real server would:
 
 - `errors`: the shapes of SGLang's refusals (`http_server._create_error_response` and friends).
+- `validation`: FastAPI's refusals before a route runs: how a body is read (Content-Type, JSON) and
+  pydantic's errors for the fields of `GenerateReqInput` and `AbortReq` (`http_server.py`).
 - `contract`: the 0.5.23 request-schema check (`api/v1/api_types.py`, `srt/entrypoints/api_contract.py`).
 - `sampling`: `SamplingParams`, its defaults, greedy rule and `verify()` texts.
 - `parsing`: a `/generate` body split into single requests and validated

@@ -23,7 +23,7 @@ class RequestError(Exception):
 
     @property
     def message(self) -> str:
-        err = self.body.get("error", self.body.get("detail"))
+        err = self.body.get("error", self.body.get("detail", self.body.get("message")))
         if isinstance(err, dict):
             return str(err.get("message"))
         return str(err)

@@ -55,26 +55,45 @@ def build_response(
 
     A request aborted before it ran has no `prompt_tokens` (`_handle_abort_req`): pass None. Every
     finished answer also carries `response_sent_to_client_ts` (wall-clock seconds), which 0.5.23's
-    `_wait_one_response` adds last, once the request has finished (default: now).
+    `_wait_one_response` adds last, once the request has finished (default: now). A request the
+    scheduler finished carries `finished_meta_info` after `cached_tokens`.
 
     With `--enable-metrics` SGLang adds two groups of keys (`metrics_meta_info` builds them): the
     scheduler's time stats right after `num_retractions`, the tokenizer's after `e2e_latency`.
     """
     meta: dict[str, Any] = {"id": rid, "finish_reason": finish_reason}
-    if prompt_tokens is not None:
+    if prompt_tokens is None:
+        # _handle_abort_req: no scheduler output, hence no weight-version spans.
         meta.update(
-            {"prompt_tokens": prompt_tokens, "weight_version": weight_version, "num_retractions": num_retractions}
+            {"weight_version": weight_version, "e2e_latency": e2e_latency, "completion_tokens": len(output_ids)}
         )
-        if scheduler_metrics:
-            meta.update(scheduler_metrics)
-        meta.update({"reasoning_tokens": 0, "completion_tokens": len(output_ids), "cached_tokens": cached_tokens})
-    else:
-        meta.update({"weight_version": weight_version, "completion_tokens": len(output_ids)})
+        meta["response_sent_to_client_ts"] = time.time() if response_sent_ts is None else response_sent_ts
+        return {"text": text, "output_ids": list(output_ids), "meta_info": meta}
+    meta.update({"prompt_tokens": prompt_tokens, "weight_version": weight_version, "num_retractions": num_retractions})
+    if scheduler_metrics:
+        meta.update(scheduler_metrics)
+    meta.update({"reasoning_tokens": 0, "completion_tokens": len(output_ids), "cached_tokens": cached_tokens})
+    meta.update(finished_meta_info(len(output_ids), cached_tokens, weight_version))
     meta["e2e_latency"] = e2e_latency
-    if request_metrics and prompt_tokens is not None:
+    if request_metrics:
         meta.update(request_metrics)
     meta["response_sent_to_client_ts"] = time.time() if response_sent_ts is None else response_sent_ts
     return {"text": text, "output_ids": list(output_ids), "meta_info": meta}
+
+
+def finished_meta_info(completion_tokens: int, cached_tokens: int, weight_version: str) -> dict[str, Any]:
+    """The keys 0.5.23 adds to a finished request's `meta_info` after `cached_tokens`
+    (tokenizer_manager._handle_batch_output): `weight_versions`, the spans of output tokens each weight
+    version produced (`utils/weight_versions.add_weight_versions_to_meta_info`: one span, weights
+    never change here); `cached_tokens_details`, null without a prefix hit, else the hit by tier
+    (scheduler_components/output_streamer.get_cached_tokens_details: all of it on the device);
+    `dp_rank`, null without data parallelism."""
+    details = {"device": cached_tokens, "host": 0} if cached_tokens > 0 else None
+    return {
+        "weight_versions": [{"version": weight_version, "start": 0, "end": completion_tokens}],
+        "cached_tokens_details": details,
+        "dp_rank": None,
+    }
 
 
 def metrics_meta_info(
@@ -141,8 +160,10 @@ class PreparedResponse:
         self._head = b'{"text":' + orjson.dumps(text) + b',"output_ids":' + orjson.dumps(list(output_ids))
         self._head += b',"meta_info":{"id":'
         self._mid = b',"finish_reason":' + orjson.dumps(finish_reason) + b',"prompt_tokens":'
-        fixed = b',"num_retractions":0,"reasoning_tokens":0,"completion_tokens":%d,"cached_tokens":0,"e2e_latency":'
-        self._tail = b',"weight_version":' + orjson.dumps(weight_version) + fixed % len(self.output_ids)
+        n = len(self.output_ids)
+        fixed = b',"num_retractions":0,"reasoning_tokens":0,"completion_tokens":%d,"cached_tokens":0,' % n
+        finished = orjson.dumps(finished_meta_info(n, 0, weight_version))[1:-1]  # the keys, without braces
+        self._tail = b',"weight_version":' + orjson.dumps(weight_version) + fixed + finished + b',"e2e_latency":'
 
     def render(self, rid: str, prompt_tokens: int, e2e_latency: float, response_sent_ts: float) -> bytes:
         return b"".join(

@@ -90,7 +90,9 @@ class SamplingParams:
         if len(stop_strs) > MAX_STOP_COUNT:
             raise value_error(f"at most {MAX_STOP_COUNT} stop strings are allowed, got {len(stop_strs)}")
         stop_ids = frozenset(int(t) for t in (d["stop_token_ids"] or ()) if t is not None)
-        temperature = float(d["temperature"])
+        # Numbers stay as the JSON had them (SGLang's constructor converts none): the texts of
+        # `verify` print an integer as one ("got -1.", not "got -1.0.").
+        temperature = d["temperature"]
         top_k = int(d["top_k"])
         if 0 <= temperature < SAMPLING_EPS:
             temperature, top_k = 1.0, 1
@@ -101,12 +103,12 @@ class SamplingParams:
             stop_strs=stop_strs,
             stop_token_ids=stop_ids,
             temperature=temperature,
-            top_p=float(d["top_p"]),
+            top_p=d["top_p"],
             top_k=top_k,
-            min_p=float(d["min_p"]),
-            frequency_penalty=float(d["frequency_penalty"]),
-            presence_penalty=float(d["presence_penalty"]),
-            repetition_penalty=float(d["repetition_penalty"]),
+            min_p=d["min_p"],
+            frequency_penalty=d["frequency_penalty"],
+            presence_penalty=d["presence_penalty"],
+            repetition_penalty=d["repetition_penalty"],
             min_new_tokens=int(d["min_new_tokens"]),
             n=int(d["n"]),
             ignore_eos=bool(d["ignore_eos"]),

@@ -1,6 +1,6 @@
 """The local engine's web app (`create_app`): an `EngineServer` and the routes wired to it.
 
-Imports `settings`, `backends.jobs` and `server.faults`, `.state`, `.generate`, `.info`, `.load_routes`.
+Imports `settings`, `backends.jobs` and `server.faults`, `.http_io`, `.state`, `.generate`, `.info`, `.load_routes`.
 """
 
 import logging
@@ -11,6 +11,7 @@ from aiohttp import web
 from eagle3_datagen.engine.backends.jobs import Backend
 from eagle3_datagen.engine.server import generate, info, load_routes
 from eagle3_datagen.engine.server.faults import Faults
+from eagle3_datagen.engine.server.http_io import json_response
 from eagle3_datagen.engine.server.state import ENGINE_KEY, EngineServer
 from eagle3_datagen.settings import SGLANG_VERSION
 
@@ -27,6 +28,19 @@ def _deprecated(old: str, new: str, handler):
         return await handler(request)
 
     return route
+
+
+@web.middleware
+async def starlette_errors(request: web.Request, handler) -> web.StreamResponse:
+    """Starlette's JSON answers for a path no route serves and a method the path does not take."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return json_response({"detail": "Not Found"}, 404)
+    except web.HTTPMethodNotAllowed as e:
+        resp = json_response({"detail": "Method Not Allowed"}, 405)
+        resp.headers["Allow"] = ", ".join(sorted(e.allowed_methods))
+        return resp
 
 
 def create_app(
@@ -52,7 +66,7 @@ def create_app(
         faults=faults,
         enable_metrics=enable_metrics,
     )
-    app = web.Application(client_max_size=1 << 30)
+    app = web.Application(client_max_size=1 << 30, middlewares=[starlette_errors])
     app[ENGINE_KEY] = srv
     app.on_startup.append(srv.on_startup)
     app.on_cleanup.append(srv.on_cleanup)

@@ -9,7 +9,6 @@ Imports `protocol`, `backends.jobs` and `server.http_io`, `.faults`, `.state`.
 """
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any
@@ -19,15 +18,21 @@ from aiohttp import web
 from eagle3_datagen.engine.backends.jobs import Job
 from eagle3_datagen.engine.protocol.errors import (
     RequestError,
-    bad_request_body,
     error_body,
     http_exception_body,
     value_error,
 )
 from eagle3_datagen.engine.protocol.parsing import ParsedGenerate, parse_generate_body, validate_item
 from eagle3_datagen.engine.protocol.responses import build_response, decode_output_text, metrics_meta_info
+from eagle3_datagen.engine.protocol.validation import generate_errors
 from eagle3_datagen.engine.server.faults import inject_fault
-from eagle3_datagen.engine.server.http_io import DISCONNECT_POLL_S, disconnected, json_response, read_json
+from eagle3_datagen.engine.server.http_io import (
+    DISCONNECT_POLL_S,
+    disconnected,
+    dumps_json,
+    json_response,
+    read_checked,
+)
 from eagle3_datagen.engine.server.state import ENGINE_KEY, EngineServer
 
 log = logging.getLogger(__name__)
@@ -37,11 +42,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
     srv = request.app[ENGINE_KEY]
     t_start = time.time()
     try:
-        body = await read_json(request)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        err = bad_request_body(f"JSON decode error: {e}")
-        srv.record_body(None, 400, t_start, error=err["message"])
-        return json_response(err, 400)
+        body = await read_checked(request, generate_errors)
+    except RequestError as e:
+        srv.record_body(None, 400, t_start, error=e.message)
+        return json_response(e.body, e.status)
     if not srv.ready:
         detail = "The server is not ready yet."
         srv.record_body(body, 503, t_start, error=detail)
@@ -120,7 +124,7 @@ def _answer_canned(srv: EngineServer, parsed: ParsedGenerate, t_start: float) ->
     else:
         srv.served += len(answers)
     body = parts[0] if parsed.is_single else b"[" + b",".join(parts) + b"]"
-    return web.Response(body=body, content_type="application/json", charset="utf-8")
+    return web.Response(body=body, content_type="application/json")
 
 
 async def _record_when_done(srv: EngineServer, jobs, futures, status: int, t_start: float) -> None:
@@ -174,7 +178,7 @@ async def _answer(srv: EngineServer, request, parsed: ParsedGenerate, jobs: list
         for i, out in enumerate(outs):
             if not parsed.is_single:
                 out = dict(out, index=i)
-            await resp.write(b"data: " + json.dumps(out).encode() + b"\n\n")
+            await resp.write(b"data: " + dumps_json(out) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

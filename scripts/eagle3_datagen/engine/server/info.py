@@ -5,14 +5,15 @@ http_server.py answers them.
 Imports `protocol` and `server.http_io`, `.state`.
 """
 
-import json
 import logging
 from typing import Any
 
 from aiohttp import web
 
+from eagle3_datagen.engine.protocol.errors import RequestError
 from eagle3_datagen.engine.protocol.responses import DEFAULT_WEIGHT_VERSION
-from eagle3_datagen.engine.server.http_io import json_response
+from eagle3_datagen.engine.protocol.validation import abort_errors, lax_bool
+from eagle3_datagen.engine.server.http_io import json_response, read_checked
 from eagle3_datagen.engine.server.state import ENGINE_KEY, EngineServer
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ def server_info_dict(srv: EngineServer) -> dict[str, Any]:
         "tp_size": 1,
         "dp_size": 1,
         "pp_size": 1,
-        "max_running_requests": srv.max_running_requests,
+        # The flags as given (server_args): --max-running-requests only with the capacity model.
+        "max_running_requests": srv.scheduler.max_running_requests if srv.scheduler else None,
         "max_total_tokens": srv.scheduler.max_total_tokens if srv.scheduler else None,
         "reasoning_parser": None,
         "tool_call_parser": None,
@@ -53,12 +55,30 @@ def server_info_dict(srv: EngineServer) -> dict[str, Any]:
         "random_seed": None,
         "enable_deterministic_inference": bool(srv.backend.deterministic),
         "enable_metrics": srv.enable_metrics,
-        "startup_time": srv.startup_time,
+        "startup_time": startup_time(srv),
         "internal_states": [],
         "version": srv.version,
         "frontend": "python",
         "engine": "local",
         "backend": srv.backend.name,
+    }
+
+
+CUDA_GRAPH_PHASES = ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend")
+
+
+def startup_time(srv: EngineServer) -> dict[str, Any]:
+    """0.5.23's `startup_time`: seconds per start-up phase (scheduler's `load_weight`,
+    `kv_cache_allocation`, `scheduler_e2e`, `cuda_graph` per phase; the tokenizer manager's
+    `tokenizer_e2e`). Here the backend's start is the weights and the scheduler; no KV pool is
+    allocated and no graph captured."""
+    load = srv.load_s or 0.0
+    return {
+        "load_weight": load,
+        "kv_cache_allocation": 0.0,
+        "scheduler_e2e": load,
+        "cuda_graph": dict.fromkeys(CUDA_GRAPH_PHASES, 0.0),
+        "tokenizer_e2e": load,
     }
 
 
@@ -94,11 +114,11 @@ async def model_info(request: web.Request) -> web.Response:
 async def abort_request(request: web.Request) -> web.Response:
     srv = request.app[ENGINE_KEY]
     try:
-        body = await request.json()
-    except json.JSONDecodeError:
-        body = {}
+        body = await read_checked(request, abort_errors)
+    except RequestError as e:
+        return json_response(e.body, e.status)
     rid = body.get("rid") or ""
-    abort_all = bool(body.get("abort_all"))
+    abort_all = lax_bool(body.get("abort_all"))
     if abort_all:
         targets = list(srv.inflight.values())
     elif rid and rid in srv.inflight:

@@ -17,6 +17,7 @@ from aiohttp import web
 from eagle3_datagen.engine import loads
 from eagle3_datagen.engine.backends.jobs import RUNNING, WAITING
 from eagle3_datagen.engine.protocol.errors import bad_request_body, http_exception_body
+from eagle3_datagen.engine.protocol.validation import validation_message
 from eagle3_datagen.engine.server.http_io import json_response
 from eagle3_datagen.engine.server.state import ENGINE_KEY, EngineServer
 
@@ -61,7 +62,7 @@ async def v1_loads(request: web.Request) -> web.Response:
             err = [{"type": "int_parsing", "loc": ("query", "dp_rank"),
                     "msg": "Input should be a valid integer, unable to parse string as an integer",
                     "input": raw_rank}]  # fmt: skip
-            return json_response(bad_request_body(str(err)), 400)
+            return json_response(bad_request_body(validation_message(err, "GET", "/v1/loads")), 400)
     if srv.legacy:
         try:
             body = loads.legacy_v1_loads(load_snapshots(srv), include=include, dp_rank=dp_rank, version=srv.version)

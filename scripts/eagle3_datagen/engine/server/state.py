@@ -77,7 +77,7 @@ class EngineServer:
         self.faults = faults or Faults()
         self.recorder = Recorder(record_path)
         self.inflight: dict[str, Job] = {}
-        self.startup_time = time.time()
+        self.load_s: float | None = None  # how long the backend took to start
         self.load_error: BaseException | None = None
         self._start_task: asyncio.Task | None = None
         self._background: set = set()
@@ -92,7 +92,9 @@ class EngineServer:
 
         async def start():
             try:
+                t0 = time.time()
                 await loop.run_in_executor(None, self.backend.start)
+                self.load_s = time.time() - t0
                 log.info("backend %s ready", self.backend.name)
             except BaseException as e:  # reported through /health and app["load_error"]
                 self.load_error = e
