@@ -28,6 +28,25 @@ def served(record):
     return [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
 
 
+def generate_against(url, prompts, model, out, tmp_path, *, max_new_tokens: int) -> None:
+    """The generate step of category `cat`, one shard, against the running server at `url`."""
+    generate(
+        prompts=prompts,
+        shard_generations=out,
+        server_log=tmp_path / "server.log",
+        category="cat",
+        shard=0,
+        model=model,
+        sampling=SAMPLING,
+        engine=defaults("engine", kind="external", external={"urls": [url]}),
+        budget={"max_new_tokens": max_new_tokens, "min_new_tokens": 4, "reserve_tokens": 2},
+        client={"concurrency": 4, "max_retries": 1, **FAST},
+        max_failed_share=0.0,
+        cache_dir=str(tmp_path / "cache"),
+        shards=1,
+    )
+
+
 def refused_rid(message: str) -> str:
     return re.search(r"its answer to rid (\S+):", message).group(1)
 
@@ -88,21 +107,7 @@ def test_a_generate_job_refuses_an_external_server_with_another_tokenizer(
     with running_engine(backend, record=record) as url:
         assert backend.tokenizer.convert_tokens_to_ids("<think>") == qwen3_tokenizer.convert_tokens_to_ids("</think>")
         with pytest.raises(ServerMismatch) as refused:
-            generate(
-                prompts=prompts,
-                shard_generations=out,
-                server_log=tmp_path / "server.log",
-                category="cat",
-                shard=0,
-                model=model,
-                sampling=SAMPLING,
-                engine=defaults("engine", kind="external", external={"urls": [url]}),
-                budget={"max_new_tokens": 32, "min_new_tokens": 4, "reserve_tokens": 2},
-                client={"concurrency": 4, "max_retries": 1, **FAST},
-                max_failed_share=0.0,
-                cache_dir=str(tmp_path / "cache"),
-                shards=1,
-            )
+            generate_against(url, prompts, model, out, tmp_path, max_new_tokens=32)
     message = str(refused.value)
     assert message.startswith(f"cat: {url} answers as another model or tokenizer than the config's")
     assert re.search(r"first differ at character \d+: server .*'<think>|</think>", message)
@@ -125,21 +130,7 @@ def test_held_answers_of_the_right_server_let_a_short_multi_turn_job_finish(
     out = tmp_path / "results" / "generations" / "cat" / "shard_0.parquet"
     record = tmp_path / "record.jsonl"
     with running_engine(ScriptedBackend(str(qwen3_tokenizer_dir), ramble_rate=0.0), record=record) as url:
-        generate(
-            prompts=prompts,
-            shard_generations=out,
-            server_log=tmp_path / "server.log",
-            category="cat",
-            shard=0,
-            model=model,
-            sampling=SAMPLING,
-            engine=defaults("engine", kind="external", external={"urls": [url]}),
-            budget={"max_new_tokens": 256, "min_new_tokens": 4, "reserve_tokens": 2},
-            client={"concurrency": 4, "max_retries": 1, **FAST},
-            max_failed_share=0.0,
-            cache_dir=str(tmp_path / "cache"),
-            shards=1,
-        )
+        generate_against(url, prompts, model, out, tmp_path, max_new_tokens=256)
     rows = read_rows(out)
     assert sorted((r["id"], r["turn"], r["status"]) for r in rows) == [
         (f"c{i}", turn, "ok") for i in range(2) for turn in range(3)
