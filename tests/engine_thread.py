@@ -13,6 +13,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from eagle3_datagen.engine.server.app import create_app
 
+STARTUP_TIMEOUT_S = 300
+
 
 @contextmanager
 def running_engine(backend, *, context_length=4096, faults=None, record=None):
@@ -49,7 +51,9 @@ def running_engine(backend, *, context_length=4096, faults=None, record=None):
     thread.start()
     started.wait(30)
     url = state["url"]
-    deadline = time.monotonic() + 60
+    # A model backend imports torch and transformers and loads its weights first: on a loaded 2-core
+    # machine, beside a real SGLang server starting, that has taken over a minute.
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while True:
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
@@ -58,7 +62,7 @@ def running_engine(backend, *, context_length=4096, faults=None, record=None):
         except OSError:
             pass
         if time.monotonic() > deadline:
-            raise RuntimeError("the in-process engine did not become healthy")
+            raise RuntimeError(f"the in-process engine did not become healthy within {STARTUP_TIMEOUT_S} s")
         time.sleep(0.05)
     try:
         yield url
@@ -75,12 +79,11 @@ def serve(backend, fn, *, context_length: int, **app_kwargs):
         app = create_app(backend, context_length=context_length, model_path="m", tokenizer_path="t", **app_kwargs)
         async with TestServer(app, host="127.0.0.1") as server:
             async with TestClient(server) as client:
-                for _ in range(600):
-                    if (await client.get("/health")).status == 200:
-                        break
+                deadline = time.monotonic() + STARTUP_TIMEOUT_S
+                while (await client.get("/health")).status != 200:
+                    if time.monotonic() > deadline:
+                        raise AssertionError(f"engine never became healthy within {STARTUP_TIMEOUT_S} s")
                     await asyncio.sleep(0.05)
-                else:
-                    raise AssertionError("engine never became healthy")
                 return await fn(client)
 
     return asyncio.run(main())
