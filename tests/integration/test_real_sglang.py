@@ -21,7 +21,7 @@ from workdir import ROOT, Workdir, demo_rows
 import sglang_server
 from eagle3_datagen.storage.tables import read_rows
 from polling import wait_until
-from real_sglang import STARTUP_TIMEOUT_S, alive, descendants, server_python
+from real_sglang import STARTUP_TIMEOUT_S, alive, descendants, real_server, server_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_sglang]
 
@@ -123,39 +123,74 @@ def test_the_jobs_launched_and_stopped_real_sglang_servers(sglang_run):
     assert not alive(sglang_run.processes), {p: sglang_run.processes[p] for p in alive(sglang_run.processes)}
 
 
-def test_every_row_is_transformers_greedy_continuation_on_the_same_weights(sglang_run, demo_model_dir):
-    """The independent oracle: transformers' own greedy decoding on the same weights, given each
-    row's prompt ids (every attention position on: a prompt may hold the pad id)."""
+def greedy_exact(rows: list[dict], model_dir) -> Counter:
+    """Assert that every ok row is transformers' own greedy decoding on the same weights, given the
+    row's prompt ids (every attention position on: a prompt may hold the pad id), and that it ends
+    as the server said; the rows checked, by (later turn, tools, finish)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     checked = Counter()
-    for category in ("math", "chat"):
-        rows = read_rows(sglang_run.path / "results" / "generations" / f"{category}.parquet")
-        for row in (r for r in rows if r["status"] == "ok"):
-            prompt, out = torch.tensor([list(row["prompt_ids"])]), list(row["output_ids"])
-            with torch.no_grad():
-                own = model.generate(
-                    prompt,
-                    attention_mask=torch.ones_like(prompt),
-                    max_new_tokens=len(out),
-                    do_sample=False,
-                    eos_token_id=None,
-                )[0, prompt.shape[1] :].tolist()
-            where = f"{category} {row['id']} turn {row['turn']}"
-            assert own == out, f"{where}: SGLang's output differs from transformers' greedy continuation"
-            # The server's finish, as returned: a stop on the configured stop id (kept), or the budget.
-            if row["finish_type"] == "stop":
-                assert out[-1] == int(row["finish_matched"]) == 163586, where
-            else:
-                assert row["finish_type"] == "length" and len(out) == row["max_new_tokens"], where
-            checked[(row["turn"] > 0, bool(row["tools"]), row["finish_type"])] += 1
+    for row in (r for r in rows if r["status"] == "ok"):
+        prompt, out = torch.tensor([list(row["prompt_ids"])]), list(row["output_ids"])
+        with torch.no_grad():
+            own = model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=len(out),
+                do_sample=False,
+                eos_token_id=None,
+            )[0, prompt.shape[1] :].tolist()
+        where = f"{row['id']} turn {row['turn']}"
+        assert own == out, f"{where}: SGLang's output differs from transformers' greedy continuation"
+        # The server's finish, as returned: a stop on the configured stop id (kept), or the budget.
+        if row["finish_type"] == "stop":
+            assert out[-1] == int(row["finish_matched"]) == 163586, where
+        else:
+            assert row["finish_type"] == "length" and len(out) == row["max_new_tokens"], where
+        checked[(row["turn"] > 0, bool(row["tools"]), row["finish_type"])] += 1
+    return checked
+
+
+def test_every_row_is_transformers_greedy_continuation_on_the_same_weights(sglang_run, demo_model_dir):
+    """The independent oracle: transformers' own greedy decoding on the same weights."""
+    rows = [
+        r
+        for category in ("math", "chat")
+        for r in read_rows(sglang_run.path / "results" / "generations" / f"{category}.parquet")
+    ]
+    checked = greedy_exact(rows, demo_model_dir)
     print(f"greedy-exact rows (later turn, tools, finish): {dict(checked)}")
     assert sum(checked.values()) >= 100, checked
     for what, seen in (("a later turn", lambda k: k[0]), ("a row with tools", lambda k: k[1])):
         assert any(seen(key) for key in checked), f"no {what} was checked: {checked}"
     assert {key[2] for key in checked} == {"stop", "length"}, checked
+
+
+def test_kimi_k2_5s_tiktoken_tokenizer_on_the_real_server(tmp_path, demo_model_dir, kimi_tiktoken_dir):
+    """Kimi-K2.5's tokenizer format (TikToken remote code, eos [EOS]) on the real server, loaded
+    with --trust-remote-code as Kimi-K2.5 is served, beside the demo's weights (the same ids): with
+    config/kimi-k2.5.yaml's model profile, the server's text agrees with the client's decode (the
+    identity check), and every row is the greedy continuation."""
+    import yaml
+
+    wd = Workdir(tmp_path, tokenizer=kimi_tiktoken_dir, model_dir=None, backend="scripted",
+                 categories={"chat": demo_rows("chat", 20)})  # fmt: skip
+    with open(ROOT / "config" / "kimi-k2.5.yaml") as fh:
+        wd.config["model"] = dict(yaml.safe_load(fh)["model"], tokenizer=str(kimi_tiktoken_dir), context_length=CONTEXT)
+    wd.config["sampling"] = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+    wd.config["max_new_tokens"] = MAX_NEW_TOKENS
+    extra = ["--tokenizer-path", str(kimi_tiktoken_dir), "--trust-remote-code"]
+    with real_server(demo_model_dir, tmp_path / "real_sglang.log", extra=extra, context_length=CONTEXT) as url:
+        wd.config["engine"] = {"kind": "external", "external": {"urls": [url]}}
+        wd.write_config()
+        wd.snakemake("--cores", "2", "results/train/train.jsonl")
+    log = (tmp_path / "logs" / "generate" / "chat" / "shard_0.log").read_text()
+    assert "first 8 answers agree with model.tokenizer" in log
+    rows = read_rows(tmp_path / "results" / "generations" / "chat.parquet")
+    checked = greedy_exact(rows, demo_model_dir)
+    assert sum(checked.values()) >= 15 and any(key[1] for key in checked), checked
 
 
 def test_exported_rows_hold_the_servers_tokens(sglang_run):
