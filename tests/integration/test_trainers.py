@@ -59,9 +59,12 @@ def speculators():
             importlib.import_module("speculators.data_generation.preprocessing"),
             importlib.import_module("speculators.train.vocab_mapping"),
         )
-    finally:  # the stand-ins and speculators' modules go; every module from before stays
+    finally:  # the stand-ins and speculators' own modules go. Real libraries imported on the way
+        # (torch.distributed, transformers' models) stay: a module whose import registers operators
+        # with torch cannot be imported a second time in one process.
         for name in set(sys.modules) - set(saved):
-            del sys.modules[name]
+            if name == "datasets" or name == "speculators" or name.startswith("speculators."):
+                del sys.modules[name]
 
 
 @pytest.fixture(scope="module")
