@@ -3,8 +3,8 @@
 One code path for every engine that launches a process: the server runs in its own process group
 with its own log; start-up watches both the process and `GET /health`; stopping sends SIGTERM to the
 group, then SIGKILL. Failure is detected from the process state and HTTP status, never by matching
-log text (the command lines come from `launch`). Also here: the API key (from the environment, never the config), SIGTERM handling, and
-the server facts recorded as provenance.
+log text (the command lines come from `launch`). Also here: the API key (from the environment,
+never the config), SIGTERM handling, and the server facts recorded as provenance.
 """
 
 import asyncio
