@@ -17,8 +17,9 @@ STARTUP_TIMEOUT_S = 300
 
 
 @contextmanager
-def running_engine(backend, *, context_length=4096, faults=None, record=None):
-    """Yield the base URL of a healthy engine serving `backend`; stopped on exit."""
+def running_engine(backend, *, context_length=4096, faults=None, record=None, **app_kwargs):
+    """Yield the base URL of a healthy engine serving `backend`; stopped on exit (`app_kwargs` go to
+    create_app: incremental_streaming_output, stream_interval, loops, ...)."""
     loop = asyncio.new_event_loop()
     started = threading.Event()
     state = {}
@@ -31,6 +32,7 @@ def running_engine(backend, *, context_length=4096, faults=None, record=None):
             tokenizer_path="t",
             record_path=record,
             faults=faults,
+            **app_kwargs,
         )
         runner = web.AppRunner(app, handler_cancellation=True)
         await runner.setup()

@@ -398,6 +398,79 @@ def inflight_probe(server: Server, name: str) -> dict:
     return facts
 
 
+def sse_events(raw: bytes) -> tuple[list, bool]:
+    """(chunks, framing ok) of a streamed answer: `data: <json>` events, `data: [DONE]` last."""
+    parts = raw.split(b"\n\n")
+    ok = raw.endswith(b"data: [DONE]\n\n") and all(p.startswith(b"data: ") for p in parts[:-1])
+    chunks = [orjson.loads(p[6:]) for p in parts[:-1] if p.startswith(b"data: ") and p != b"data: [DONE]"]
+    return chunks, ok
+
+
+def chunk_facts(chunks: list, whole: dict | None, interval: int) -> dict:
+    """What a stream's chunks say against the same request's non-streamed answer."""
+    ids = [t for c in chunks for t in c.get("output_ids", [])]
+    ends = [c["meta_info"]["completion_tokens"] for c in chunks if "meta_info" in c]
+    facts = {
+        "first_keys": list(chunks[0]), "first_meta_keys": list(chunks[0].get("meta_info", {})),
+        "last_keys": list(chunks[-1]), "last_meta_keys": list(chunks[-1].get("meta_info", {})),
+        "middle_finish": sorted({str(c["meta_info"]["finish_reason"]) for c in chunks[:-1]}),
+        "several_chunks": len(chunks) > 2,
+        "ends_follow_interval": bool(ends) and ends[0] == 1 and all((e - 1) % interval == 0 for e in ends[:-1]),
+        "completion_tokens_is_total": bool(ends) and ends[-1] == len(ids),
+    }  # fmt: skip
+    if whole is not None:
+        facts["ids_join_to_whole"] = ids == whole["output_ids"]
+        facts["text_joins_to_whole"] = "".join(c["text"] for c in chunks) == whole["text"]
+        facts["last_finish"] = chunks[-1]["meta_info"]["finish_reason"] == whole["meta_info"]["finish_reason"]
+    return facts
+
+
+def stream_probe(max_new_tokens: int, interval: int):
+    """A greedy request streamed (incremental), and the same request not streamed."""
+
+    def run(server: Server, name: str) -> dict:
+        body = greedy(max_new_tokens, params={"stream_interval": interval, "ignore_eos": True})
+        whole = server.generate(fill(body, server)).body
+        reply = server.generate(fill({**body, "stream": True}, server))
+        chunks, framing = sse_events(reply.raw)
+        return {"status": reply.status, "content_type": reply.content_type, "framing": framing,
+                **chunk_facts(chunks, whole, interval)}  # fmt: skip
+
+    return run
+
+
+def stream_abort_probe(server: Server, name: str) -> dict:
+    """A long greedy stream aborted by /abort_request after its first chunk."""
+    rid, interval = "diff-stream-abort", 4
+    body = {"input_ids": [1, 2, 3, 4], "rid": rid, "stream": True,
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "temperature": 0,
+                                "stream_interval": interval}}  # fmt: skip
+    parsed = urllib.parse.urlparse(server.url)
+    conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=300)
+    try:
+        conn.request("POST", "/generate", orjson.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        first = b""
+        while not first.endswith(b"\n\n"):
+            first += resp.readline()
+        aborted = call(server.url, "POST", "/abort_request", {"rid": rid})
+        raw = first + resp.read()
+    finally:
+        conn.close()
+    chunks, framing = sse_events(raw)
+    before, last = chunks[:-1], chunks[-1]
+    sent = [t for c in before for t in c["output_ids"]]
+    meta = last["meta_info"]
+    return {
+        "abort_status": aborted.status, "framing": framing, "last_keys": list(last), "last_meta_keys": list(meta),
+        "last_finish": meta["finish_reason"], "done_after_abort_chunk": raw.endswith(b"}\n\ndata: [DONE]\n\n"),
+        "unfinished_before": all(c["meta_info"]["finish_reason"] is None for c in before),
+        "last_ids_repeat_the_last_sent": bool(sent) and last["output_ids"] == sent[-1:],
+        "completion_tokens": "sent + last" if meta["completion_tokens"] == len(sent) + len(last["output_ids"])
+        else "sent" if meta["completion_tokens"] == len(sent) else f"{meta['completion_tokens']} of {len(sent)} sent",
+    }  # fmt: skip
+
+
 def running(server: Server, n: int | None = None) -> Reply | None:
     """The /v1/loads reply once `n` requests run (at least one when n is None), else None."""
     reply = server.get("/v1/loads")
@@ -476,6 +549,11 @@ PROBES = {
     "info": info_probe,
     # A request in flight: duplicate rid, abort, load
     "in_flight": inflight_probe,
+    # Streams (both servers with --incremental-streaming-output)
+    "stream": stream_probe(24, 1),
+    "stream_interval": stream_probe(30, 8),
+    "stream_abort": stream_abort_probe,
+    "stream_refused": raw_probe("POST", "/generate", {"input_ids": LONG, "stream": True}),
 }  # fmt: skip
 
 
@@ -515,9 +593,9 @@ def servers(tmp_path_factory, demo_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(str(demo_model_dir))
     prompt = chat_prompt(tokenizer)
     log = tmp_path_factory.mktemp("sglang_differential") / "real_sglang.log"
-    with real_server(demo_model_dir, log, context_length=CONTEXT) as real_url:
+    with real_server(demo_model_dir, log, context_length=CONTEXT, extra=["--incremental-streaming-output"]) as real_url:
         backend = ModelBackend(demo_model_dir, max_batch=4)
-        with running_engine(backend, context_length=CONTEXT) as local_url:
+        with running_engine(backend, context_length=CONTEXT, incremental_streaming_output=True) as local_url:
             yield Server("real", real_url, tokenizer, prompt), Server("local", local_url, tokenizer, prompt)
 
 

@@ -10,6 +10,9 @@ request than any client (one answer, prepared once, for every request), and
 (`capacity.scheduler.KVScheduler`, paced by `--step-ms`, `--step-ms-per-request`, `--step-us-per-kv-token`,
 `--prefill-us-per-token`).
 
+Streams as SGLang's `--incremental-streaming-output` and `--stream-interval` ask; `--loop-share F`
+(with `--loop-onset`, `--loop-period`) makes a share of requests fall into repetition loops on purpose.
+
 The entry point of the engine: imports `settings` and every module of the engine (lazily, so that
 `-h` answers at once).
 """
@@ -49,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_options(p)
     _add_fault_options(p)
     _add_backend_options(p)
+    _add_loop_options(p)
     _add_capacity_options(p)
     _add_run_options(p)
     return p
@@ -111,6 +115,22 @@ def _add_backend_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_loop_options(p: argparse.ArgumentParser) -> None:
+    """Repetition loops made on purpose (`backends.loops.LoopInjection`)."""
+    g = p.add_argument_group(
+        "loop injection",
+        "A share of requests, drawn per row (the rid without its run nonce and attempt, else the prompt), "
+        "degenerates into a repetition loop: from an onset on, the output repeats one n-gram until "
+        "max_new_tokens. Requests not drawn never loop. The record's `loop` says which did.",
+    )
+    g.add_argument("--loop-share", type=_rate, default=0.0, help="share of requests that loop (default 0)")
+    g.add_argument("--loop-onset", type=_range, default=(256, 1024), metavar="LO:HI",
+                   help="output tokens before the loop starts, uniform (default 256:1024)")  # fmt: skip
+    g.add_argument("--loop-period", type=_range, default=(1, 32), metavar="LO:HI",
+                   help="tokens of the repeated n-gram, uniform, at least 1 (default 1:32)")  # fmt: skip
+    g.add_argument("--loop-seed", type=int, default=0, help="seed of the draw (default 0)")
+
+
 def _add_capacity_options(p: argparse.ArgumentParser) -> None:
     """The simulated GPU behind the scripted backend (`capacity`)."""
     g = p.add_argument_group(
@@ -149,6 +169,17 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         "--enable-metrics",
         action="store_true",
         help="as SGLang's flag: answers carry queue_time and the request's time stamps in meta_info",
+    )
+    p.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="as SGLang's flag: each streamed chunk carries only its new output_ids and text",
+    )
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="as SGLang's flag: a streamed chunk every N tokens (the first at once), unless a request sets its own",
     )
     p.add_argument(
         "--sglang-version",
@@ -217,6 +248,7 @@ def _build_scheduler(args: argparse.Namespace):
 
 def build_app(args: argparse.Namespace):
     """The web app of the options, its backend not started yet."""
+    from eagle3_datagen.engine.backends.loops import LoopInjection
     from eagle3_datagen.engine.server.app import create_app
     from eagle3_datagen.engine.server.faults import Faults
     from eagle3_datagen.engine.server.state import ENGINE_KEY
@@ -239,6 +271,14 @@ def build_app(args: argparse.Namespace):
         faults=faults,
         version=args.sglang_version or SGLANG_VERSION,
         enable_metrics=args.enable_metrics,
+        incremental_streaming_output=args.incremental_streaming_output,
+        stream_interval=args.stream_interval,
+        loops=LoopInjection(
+            share=args.loop_share,
+            onset=tuple(int(x) for x in args.loop_onset),
+            period=tuple(int(x) for x in args.loop_period),
+            seed=args.loop_seed,
+        ),
     )
     app[ENGINE_KEY].never_healthy = args.never_healthy
     app[ENGINE_KEY].die_after = args.die_after
@@ -294,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()  # first thing: the watch compares against the parent we started under
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.stream_interval < 1:
+        parser.error("--stream-interval must be at least 1")
+    if args.loop_period[0] < 1:
+        parser.error("--loop-period must be at least 1")
     if args.canned and args.backend != "scripted":
         parser.error("--canned needs --backend scripted")
     if (args.max_running_requests is None) != (args.max_total_tokens is None):

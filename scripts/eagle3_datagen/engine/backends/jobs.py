@@ -27,6 +27,12 @@ class Job:
     `state` moves waiting → running → done under `lock`; an abort of a waiting job resolves it at
     once (SGLang's "Abort in waiting queue"), an abort of a running one is seen by the worker at
     its next step and ends it with the partial output.
+
+    A streamed job is watched (`watch`): the worker calls `progressed` after appending output
+    tokens, and the job tells the server when SGLang's scheduler would send a chunk
+    (output_streamer.accept: the first token at once, then whenever `stream_interval` tokens are
+    unsent; `sent` is the output length of the last chunk told). `loop` is the repetition loop
+    the request was made to fall into (`loops.LoopPlan`), or None.
     """
 
     def __init__(
@@ -52,6 +58,10 @@ class Job:
         self.stats: dict[str, Any] | None = None
         self.t_submit = time.time()
         self.t_start: float | None = None
+        self.loop = None
+        self.sent = 0
+        self.stream_interval = 1
+        self._notify: Callable[[], None] | None = None
         self._on_done = on_done
         self._abort = threading.Event()
         self._lock = threading.Lock()
@@ -65,6 +75,26 @@ class Job:
             self.started_running = True
             self.t_start = time.time()
             return True
+
+    def watch(self, notify: Callable[[], None], stream_interval: int) -> None:
+        """Stream this job: `notify` (thread-safe) whenever a chunk is due."""
+        self.stream_interval = max(1, stream_interval)
+        self._notify = notify
+
+    @property
+    def watched(self) -> bool:
+        return self._notify is not None
+
+    def progressed(self) -> None:
+        """Called by the worker after appending output tokens: tell the server when a chunk is due."""
+        notify = self._notify
+        if notify is None:
+            return
+        n = len(self.output_ids)
+        unsent = n - self.sent
+        if unsent > 0 and (unsent >= self.stream_interval or self.sent == 0):
+            self.sent = n
+            notify()
 
     @property
     def abort_requested(self) -> bool:

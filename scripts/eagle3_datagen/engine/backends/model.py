@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 class _Row:
-    __slots__ = ("job", "logits", "seq_len", "generator", "stop_ids", "banned", "decode", "counts")
+    __slots__ = ("job", "logits", "seq_len", "generator", "stop_ids", "banned", "decode", "counts", "gram")
 
     def __init__(self, job: Job, logits, seq_len: int, generator, stop_ids, banned, decode):
         self.job = job
@@ -30,6 +30,17 @@ class _Row:
         self.banned = banned
         self.decode = decode
         self.counts: dict[int, int] = {}
+        self.gram: list[int] | None = None  # the n-gram a looping row repeats, from its onset on
+
+    def forced_token(self) -> int | None:
+        """The token of a row made to loop (`Job.loop`) once past its onset, else None."""
+        loop = self.job.loop
+        if loop is None or len(self.job.output_ids) < loop.onset:
+            return None
+        if self.gram is None:
+            fill = sorted(set(self.job.output_ids) - self.banned) or [0]
+            self.gram = loop.ngram(self.job.output_ids, self.stop_ids | self.banned, lambda: fill[0])
+        return loop.forced(self.job.output_ids, self.gram)
 
 
 class ModelBackend(Backend):
@@ -228,7 +239,9 @@ class ModelBackend(Backend):
                     if job.abort_requested:
                         job.finish(finish_abort())
                         continue
-                    token = self._next_token(row)
+                    token = row.forced_token()
+                    if token is None:
+                        token = self._next_token(row)
                     job.output_ids.append(token)
                     row.counts[token] = row.counts.get(token, 0) + 1
                     self.tokens_generated += 1
@@ -242,6 +255,7 @@ class ModelBackend(Backend):
                     if reason is not None:
                         job.finish(reason)
                     else:
+                        job.progressed()
                         keep.append(i)
                 if len(keep) != len(rows):
                     rows = [rows[i] for i in keep]

@@ -67,6 +67,16 @@ class ScheduledWorker:
             time.sleep(0.001)  # nothing could run this round
         for stats in finished:
             self._finish(stats)
+        self._stream_progress()
+
+    def _stream_progress(self) -> None:
+        """Streamed jobs get the tokens the scheduler has generated for them so far."""
+        for job, (output_ids, _, _) in self.held.items():
+            if job.watched and job.state != DONE:
+                n = min(self.sched.progress(job), len(output_ids))
+                if n > len(job.output_ids):
+                    job.output_ids.extend(output_ids[len(job.output_ids) : n])
+                    job.progressed()
 
     def _schedule(self, job: Job) -> None:
         if job.state != WAITING:
@@ -99,7 +109,7 @@ class ScheduledWorker:
             stats = self.sched.abort(job)
             output_ids, _, _ = self.held.pop(job)
             if job.state != DONE and stats is not None:
-                job.output_ids.extend(output_ids[: stats.output_len])
+                job.output_ids.extend(output_ids[len(job.output_ids) : stats.output_len])
                 job.stats = self._job_stats(stats)
                 job.finish(finish_abort())
 
@@ -123,7 +133,7 @@ class ScheduledWorker:
             err_type = "BadRequestError" if stats.status_code == 400 else None
             job.finish(finish_abort(stats.error, stats.status_code, err_type))
             return
-        job.output_ids.extend(output_ids)
+        job.output_ids.extend(output_ids[len(job.output_ids) :])
         job.text = text
         job.stats = self._job_stats(stats)
         job.finish(reason)

@@ -1,16 +1,18 @@
 """The scripted backend: no model; `script.AnswerScript`'s answers, produced at once (or at a
 configured pace per token, so that aborts find them running), canned, or paced by a simulated GPU.
 
-Imports `protocol`, `model_facts`, `capacity` and `backends.jobs`, `.script`, `.scheduled`.
+Imports `protocol`, `model_facts`, `capacity` and `backends.jobs`, `.loops`, `.script`, `.scheduled`.
 """
 
 import dataclasses
+import random
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from eagle3_datagen.engine.backends.jobs import RUNNING, Backend, Job, ignore_done
+from eagle3_datagen.engine.backends.loops import LoopPlan
 from eagle3_datagen.engine.backends.scheduled import ScheduledWorker
 from eagle3_datagen.engine.backends.script import AnswerScript
 from eagle3_datagen.engine.capacity.scheduler import KVScheduler
@@ -116,13 +118,17 @@ class ScriptedBackend(Backend):
     def answer(self, job: Job) -> tuple[list[int], dict[str, Any]]:
         """`job`'s whole output and finish reason, made at once (no pacing, no abort); `job` is untouched."""
         shadow = Job(job.item, max_new_tokens=job.max_new_tokens, on_done=ignore_done)
+        shadow.loop = job.loop
         shadow.state = RUNNING
         self._generate(shadow, pace=False)
         return shadow.output_ids, shadow.finish_reason
 
-    def canned_answer(self, item: GenerateItem, max_new_tokens: int) -> PreparedResponse:
+    def canned_answer(self, item: GenerateItem, max_new_tokens: int, loop: LoopPlan | None = None) -> PreparedResponse:
         """The canned answer for a request (`canned` mode): the first request's planned output, stopped
-        by this request's `max_new_tokens` (after the context clamp) and stopping parameters."""
+        by this request's `max_new_tokens` (after the context clamp) and stopping parameters; with a
+        `loop`, that answer turned into the loop (not kept)."""
+        if loop is not None:
+            return self._canned_loop(item, max_new_tokens, loop)
         p = item.params
         key = (
             max_new_tokens, p.ignore_eos, p.stop_token_ids, p.stop_strs, p.min_new_tokens,
@@ -144,6 +150,16 @@ class ScriptedBackend(Backend):
             self._canned_answers[key] = answer
             return answer
 
+    def _canned_loop(self, item: GenerateItem, max_new_tokens: int, loop: LoopPlan) -> PreparedResponse:
+        base = self.canned_answer(item, max_new_tokens)
+        p = item.params
+        rng = random.Random(loop.onset * 7919 + loop.period)
+        stops = self.stop_ids_for(p) | min_new_tokens_banned(self.eos_token_ids, p)
+        output_ids = loop.apply(base.output_ids, max_new_tokens, stops, lambda: self.script.filler(rng))
+        reason = finish_length(len(output_ids))
+        text = decode_output_text(self.tokenizer, output_ids, reason, p)
+        return PreparedResponse(text=text, output_ids=output_ids, finish_reason=reason)
+
     def _generate(self, job: Job, *, pace: bool = True) -> None:
         params = job.params
         stop_ids = self.stop_ids_for(params)
@@ -156,10 +172,13 @@ class ScriptedBackend(Backend):
         if job.max_new_tokens <= 0:
             job.finish(finish_length(0))
             return
+        if job.loop is not None:  # never a stop id: it runs to max_new_tokens
+            planned = job.loop.apply(planned, job.max_new_tokens, stop_ids | banned, lambda: script.filler(rng))
+        paced = pace and self.token_delay_s > 0
         if self.answer_tokens is not None:
             if len(planned) < job.max_new_tokens:  # a ramble runs on in reasoning words
                 planned = planned + script.long_words(rng, job.max_new_tokens - len(planned))
-            if decode is None and not params.min_new_tokens:
+            if decode is None and not params.min_new_tokens and not paced:
                 self._generate_whole(job, planned, stop_ids)
                 return
         while True:
@@ -184,7 +203,8 @@ class ScriptedBackend(Backend):
             if reason is not None:
                 job.finish(reason)
                 return
-            if pace and self.token_delay_s > 0:
+            job.progressed()
+            if paced:
                 time.sleep(self.token_delay_s)
 
     def _generate_whole(self, job: Job, planned: list[int], stop_ids: frozenset) -> None:

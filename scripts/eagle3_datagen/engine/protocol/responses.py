@@ -50,6 +50,7 @@ def build_response(
     response_sent_ts: float | None = None,
     scheduler_metrics: dict[str, Any] | None = None,
     request_metrics: dict[str, Any] | None = None,
+    completion_tokens: int | None = None,
 ) -> dict[str, Any]:
     """A non-streamed `/generate` answer for one request (tokenizer_manager._handle_batch_output).
 
@@ -60,20 +61,22 @@ def build_response(
 
     With `--enable-metrics` SGLang adds two groups of keys (`metrics_meta_info` builds them): the
     scheduler's time stats right after `num_retractions`, the tokenizer's after `e2e_latency`.
+
+    `completion_tokens` (default: the number of `output_ids`) is for a streamed chunk that carries
+    only its new ids.
     """
+    n = len(output_ids) if completion_tokens is None else completion_tokens
     meta: dict[str, Any] = {"id": rid, "finish_reason": finish_reason}
     if prompt_tokens is None:
         # _handle_abort_req: no scheduler output, hence no weight-version spans.
-        meta.update(
-            {"weight_version": weight_version, "e2e_latency": e2e_latency, "completion_tokens": len(output_ids)}
-        )
+        meta.update({"weight_version": weight_version, "e2e_latency": e2e_latency, "completion_tokens": n})
         meta["response_sent_to_client_ts"] = time.time() if response_sent_ts is None else response_sent_ts
         return {"text": text, "output_ids": list(output_ids), "meta_info": meta}
     meta.update({"prompt_tokens": prompt_tokens, "weight_version": weight_version, "num_retractions": num_retractions})
     if scheduler_metrics:
         meta.update(scheduler_metrics)
-    meta.update({"reasoning_tokens": 0, "completion_tokens": len(output_ids), "cached_tokens": cached_tokens})
-    meta.update(finished_meta_info(len(output_ids), cached_tokens, weight_version))
+    meta.update({"reasoning_tokens": 0, "completion_tokens": n, "cached_tokens": cached_tokens})
+    meta.update(finished_meta_info(n, cached_tokens, weight_version))
     meta["e2e_latency"] = e2e_latency
     if request_metrics:
         meta.update(request_metrics)

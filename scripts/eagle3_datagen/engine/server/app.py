@@ -1,6 +1,6 @@
 """The local engine's web app (`create_app`): an `EngineServer` and the routes wired to it.
 
-Imports `settings`, `backends.jobs` and `server.faults`, `.http_io`, `.state`, `.generate`, `.info`, `.load_routes`.
+Imports `settings`, `backends.jobs`, `backends.loops` and `server.faults`, `.http_io`, `.state`, `.generate`, `.info`, `.load_routes`.
 """
 
 import logging
@@ -9,6 +9,7 @@ from pathlib import Path
 from aiohttp import web
 
 from eagle3_datagen.engine.backends.jobs import Backend
+from eagle3_datagen.engine.backends.loops import LoopInjection
 from eagle3_datagen.engine.server import generate, info, load_routes
 from eagle3_datagen.engine.server.faults import Faults
 from eagle3_datagen.engine.server.http_io import json_response
@@ -53,6 +54,9 @@ def create_app(
     version: str = SGLANG_VERSION,
     faults: Faults | None = None,
     enable_metrics: bool = False,
+    incremental_streaming_output: bool = False,
+    stream_interval: int = 1,
+    loops: LoopInjection | None = None,
 ) -> web.Application:
     """The local engine's web app. The backend starts (loads) in the background at app start;
     `/health` answers 503 until it is ready."""
@@ -65,6 +69,9 @@ def create_app(
         version=version,
         faults=faults,
         enable_metrics=enable_metrics,
+        incremental_streaming_output=incremental_streaming_output,
+        stream_interval=stream_interval,
+        loops=loops,
     )
     app = web.Application(client_max_size=1 << 30, middlewares=[starlette_errors])
     app[ENGINE_KEY] = srv

@@ -1,11 +1,13 @@
 """The `/generate` route: parse and check a body, run its requests on the backend (or answer them
-from canned answers at once), and answer as SGLang 0.5.23 does.
+from canned answers at once), and answer as SGLang 0.5.23 does: at once when they have all ended,
+or, streamed, chunk by chunk (`server.streaming`). With loop injection (`srv.loops`) each request
+gets its `backends.loops.LoopPlan` or None.
 
 Answers report the scheduler's `num_retractions` and `cached_tokens` when the backend carries a
 `capacity` scheduler; `enable_metrics` adds what SGLang's `--enable-metrics` adds to `meta_info`
 (`queue_time` and the time stamps of `protocol.responses.metrics_meta_info`).
 
-Imports `protocol`, `backends.jobs` and `server.http_io`, `.faults`, `.state`.
+Imports `protocol`, `backends.jobs` and `server.http_io`, `.faults`, `.state`, `.streaming`.
 """
 
 import asyncio
@@ -24,6 +26,7 @@ from eagle3_datagen.engine.protocol.errors import (
 )
 from eagle3_datagen.engine.protocol.parsing import ParsedGenerate, parse_generate_body, validate_item
 from eagle3_datagen.engine.protocol.responses import build_response, decode_output_text, metrics_meta_info
+from eagle3_datagen.engine.protocol.streaming import SSE_CONTENT_TYPE, SSE_DONE, error_chunk, sse
 from eagle3_datagen.engine.protocol.validation import generate_errors
 from eagle3_datagen.engine.server.faults import inject_fault
 from eagle3_datagen.engine.server.http_io import (
@@ -34,6 +37,7 @@ from eagle3_datagen.engine.server.http_io import (
     read_checked,
 )
 from eagle3_datagen.engine.server.state import ENGINE_KEY, EngineServer
+from eagle3_datagen.engine.server.streaming import stream_answer
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +60,21 @@ async def generate(request: web.Request) -> web.StreamResponse:
         log.info("400 for rid=%s: %s", body.get("rid") if isinstance(body, dict) else None,
                  e.message)  # fmt: skip
         srv.record_body(body, e.status, t_start, error=e.message)
+        if isinstance(body, dict) and body.get("stream") is True and isinstance(e.body.get("error"), dict):
+            return await _stream_refusal(request, e)
         return json_response(e.body, e.status)
 
     drawn = None
-    if srv.backend.canned and not parsed.stream and srv.canned_direct:
+    plans = [srv.loops.plan(item.rid, item.input_ids) for item in parsed.items] if srv.loops.active else None
+    if srv.backend.canned and not parsed.stream and srv.canned_direct and not any(plans or ()):
         drawn = srv.faults.draw([item.rid for item in parsed.items])
         if drawn[0] is None and drawn[2] <= 0:
             return _answer_canned(srv, parsed, t_start)
 
-    jobs, futures = _make_jobs(srv, parsed)
+    wake = asyncio.Event() if parsed.stream else None
+    jobs, futures = _make_jobs(srv, parsed, plans, wake)
     try:
-        return await _serve(srv, request, body, parsed, jobs, futures, t_start, drawn)
+        return await _serve(srv, request, body, parsed, jobs, futures, t_start, drawn, wake)
     except asyncio.CancelledError:
         # The client went away and aiohttp cancelled the handler: abort, and record once
         # the backend has stopped working on the jobs.
@@ -91,20 +99,42 @@ def _parse(srv: EngineServer, body: Any) -> ParsedGenerate:
     return parsed
 
 
-def _make_jobs(srv: EngineServer, parsed: ParsedGenerate) -> tuple[list[Job], list[asyncio.Future]]:
-    """One job per single request, in flight from now on, each with a future its end resolves."""
+async def _stream_refusal(request: web.Request, e: RequestError) -> web.StreamResponse:
+    """A streamed request the tokenizer manager refuses: its error as one chunk of a 200 answer."""
+    resp = web.StreamResponse(headers={"Content-Type": SSE_CONTENT_TYPE})
+    await resp.prepare(request)
+    await resp.write(sse(dumps_json(error_chunk(e.message, e.status))) + SSE_DONE)
+    await resp.write_eof()
+    return resp
+
+
+def _make_jobs(
+    srv: EngineServer, parsed: ParsedGenerate, plans: list | None = None, wake: asyncio.Event | None = None
+) -> tuple[list[Job], list[asyncio.Future]]:
+    """One job per single request, in flight from now on, each with a future its end resolves (and,
+    streamed, watched: `wake` is set whenever a chunk is due or a job ends)."""
     loop = asyncio.get_running_loop()
     futures: list[asyncio.Future] = []
     jobs: list[Job] = []
-    for item in parsed.items:
+    for i, item in enumerate(parsed.items):
         fut = loop.create_future()
 
-        def on_done(job: Job, fut=fut) -> None:
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(job))
+        def resolve(job: Job, fut=fut) -> None:
+            if not fut.done():
+                fut.set_result(job)
+            if wake is not None:
+                wake.set()
+
+        def on_done(job: Job, resolve=resolve) -> None:
+            loop.call_soon_threadsafe(resolve, job)
 
         job = Job(item, max_new_tokens=srv.max_new_tokens(item), on_done=on_done)
+        job.loop = plans[i] if plans else None
+        if wake is not None:
+            interval = item.sampling_params.get("stream_interval") or srv.stream_interval
+            job.watch(lambda: loop.call_soon_threadsafe(wake.set), interval)
         if srv.backend.canned:
-            job.canned = srv.backend.canned_answer(item, job.max_new_tokens)
+            job.canned = srv.backend.canned_answer(item, job.max_new_tokens, job.loop)
         jobs.append(job)
         futures.append(fut)
         srv.inflight[item.rid] = job
@@ -133,13 +163,19 @@ async def _record_when_done(srv: EngineServer, jobs, futures, status: int, t_sta
         srv.record_job(job, status, t_start)
 
 
-async def _serve(srv: EngineServer, request, body, parsed, jobs, futures, t_start, drawn=None) -> web.StreamResponse:
-    """Run the body's jobs (after any injected fault) and answer once all have ended."""
+async def _serve(
+    srv: EngineServer, request, body, parsed, jobs, futures, t_start, drawn=None, wake=None
+) -> web.StreamResponse:
+    """Run the body's jobs (after any injected fault) and answer once all have ended, or stream them."""
     refused = await inject_fault(srv, request, body, jobs, t_start, drawn)
     if refused is not None:
         return refused
     for job in jobs:
         srv.backend.submit(job)
+    if wake is not None:
+        return await stream_answer(
+            srv, request, parsed, jobs, futures, wake, lambda job, t0, t1: _response(srv, job, t0, t1), t_start
+        )
 
     pending = set(futures)
     while pending:
@@ -156,7 +192,7 @@ async def _serve(srv: EngineServer, request, body, parsed, jobs, futures, t_star
 
 
 async def _answer(srv: EngineServer, request, parsed: ParsedGenerate, jobs: list[Job], t_start: float):
-    """The answer of a body whose jobs have all ended, recorded."""
+    """The answer of a non-streamed body whose jobs have all ended, recorded."""
     t_end = time.time()
     outs = [_response(srv, job, t_start, t_end) for job in jobs]
     # A request ended by the server itself (status_code 4xx/5xx) fails the whole body, as
@@ -172,16 +208,6 @@ async def _answer(srv: EngineServer, request, parsed: ParsedGenerate, jobs: list
             return json_response(http_exception_body(msg, code), code)
     for job in jobs:
         srv.record_job(job, 200, t_start)
-    if parsed.stream:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for i, out in enumerate(outs):
-            if not parsed.is_single:
-                out = dict(out, index=i)
-            await resp.write(b"data: " + dumps_json(out) + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
     return json_response(outs[0] if parsed.is_single else outs)
 
 

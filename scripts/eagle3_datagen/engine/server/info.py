@@ -55,6 +55,8 @@ def server_info_dict(srv: EngineServer) -> dict[str, Any]:
         "random_seed": None,
         "enable_deterministic_inference": bool(srv.backend.deterministic),
         "enable_metrics": srv.enable_metrics,
+        "stream_interval": srv.stream_interval,
+        "incremental_streaming_output": srv.incremental_streaming_output,
         "startup_time": startup_time(srv),
         "internal_states": [],
         "version": srv.version,

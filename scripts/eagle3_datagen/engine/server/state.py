@@ -5,9 +5,10 @@ Every request served is appended to `record_path` as one JSON line when it ends 
 line per single request of a body that ran, one line per body refused or failed as a whole. Keys:
 `rid`, `input_ids`, `sampling_params` (as received), `output_ids`, `finish_reason`, `status` (HTTP
 status; 499 when the client went away first, null for an injected reset or hang), `t_start`,
-`t_end`, `error`, `fault`.
+`t_end`, `error`, `fault`, and `loop` on a request's line: `{"onset", "period"}` when it was made to
+loop (`backends.loops`), else null.
 
-Imports `protocol`, `backends.jobs` and `server.faults`.
+Imports `protocol`, `backends.jobs`, `backends.loops` and `server.faults`.
 """
 
 import asyncio
@@ -23,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from eagle3_datagen.engine.backends.jobs import Backend, Job
+from eagle3_datagen.engine.backends.loops import LoopInjection
 from eagle3_datagen.engine.protocol.parsing import GenerateItem, effective_max_new_tokens
 from eagle3_datagen.engine.server.faults import Faults
 
@@ -65,8 +67,14 @@ class EngineServer:
         version: str,
         faults: Faults | None,
         enable_metrics: bool = False,
+        incremental_streaming_output: bool = False,
+        stream_interval: int = 1,
+        loops: LoopInjection | None = None,
     ):
         self.backend = backend
+        self.incremental_streaming_output = incremental_streaming_output
+        self.stream_interval = stream_interval
+        self.loops = loops or LoopInjection()
         self.scheduler = getattr(backend, "scheduler", None)
         self.enable_metrics = enable_metrics
         self.legacy = version_tuple(version) < (0, 5, 23)
@@ -135,9 +143,10 @@ class EngineServer:
         )
 
     def record_job(self, job: Job, status: int, t_start: float) -> None:
-        self.record_answer(job.item, job.output_ids, job.finish_reason, status, t_start)
+        self.record_answer(job.item, job.output_ids, job.finish_reason, status, t_start, loop=job.loop)
 
-    def record_answer(self, item: GenerateItem, output_ids, finish_reason, status: int, t_start: float) -> None:
+    def record_answer(self, item: GenerateItem, output_ids, finish_reason, status: int, t_start: float,
+                      loop=None) -> None:  # fmt: skip
         self.recorder.write(
             rid=item.rid,
             input_ids=item.input_ids,
@@ -149,6 +158,7 @@ class EngineServer:
             t_end=time.time(),
             error=None,
             fault=None,
+            loop=loop.as_dict() if loop is not None else None,
         )
         if status == 200:
             self.served += 1
