@@ -66,6 +66,7 @@ class ModelProfile:
     trust_remote_code: bool = False
     chat_template_kwargs: dict = field(default_factory=dict)
     prompt_suffix: tuple = ()
+    reasoning_start: str | None = "<think>"
     reasoning_end: str | None = None
     stop_tokens: tuple = ()
     prompt_only_tokens: tuple = ()
@@ -83,6 +84,7 @@ class ModelProfile:
             trust_remote_code=bool(model.get("trust_remote_code", False)),
             chat_template_kwargs=dict(model.get("chat_template_kwargs") or {}),
             prompt_suffix=tuple(model.get("prompt_suffix") or ()),
+            reasoning_start=model.get("reasoning_start", "<think>"),
             reasoning_end=model.get("reasoning_end"),
             stop_tokens=tuple(model.get("stop_tokens") or ()),
             prompt_only_tokens=tuple(model.get("prompt_only_tokens") or ()),

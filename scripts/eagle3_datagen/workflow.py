@@ -119,6 +119,7 @@ PARAMS = {
     "cache_dir": lambda config, category: str(config["cache_dir"]),
     "shards": lambda config, category: shard_count(category),
     "export": _export,
+    "quality": lambda config, category: dict(config["quality"]),
     "turns": _turns,
     "categories": lambda config, category: list(load_sheet(config["categories"])["category"]),
     "demo_model": lambda config, category: config["demo_model"],

@@ -14,6 +14,7 @@ LAYERS = {
     "settings": 0,
     "storage": 1,
     "tokens": 2,
+    "quality": 2,
     "demo": 2,
     "generation": 3,
     "figures": 4,

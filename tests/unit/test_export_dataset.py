@@ -112,3 +112,88 @@ def test_merged_turns_hold_one_loss_span_per_generated_turn(tmp_path):
             "its prompt does not start with the turn before's prompt_ids + output_ids": 1
         }
         assert pq.read_table(out / "c.parquet").column("turns").to_pylist() == [2, 1, 1]
+
+
+def test_quality_gate_quarantines_by_policy_and_the_summary_counts_every_flag(tmp_path):
+    """A looping row and an unexpected stop are quarantined (filtered records with their codes, not
+    in the dataset or train.jsonl); an unfinished reasoning is kept (its policy's default) and carries
+    its flag; summary.tsv and turns.tsv count each flag once, kept or quarantined."""
+    from eagle3_datagen.steps.export_dataset import export_dataset, merge_dataset
+    from eagle3_datagen.steps.summarize import summarize
+    from eagle3_datagen.storage.tables import GENERATIONS_SCHEMA, write_table
+
+    think, think_end, im_end, eos = 100, 101, 9, 8
+    facts = {
+        "stop_token_ids": [im_end],
+        "stop_set": {"ids": [im_end, eos], "sources": {}},
+        "reasoning_start_id": think,
+        "reasoning_end_id": think_end,
+        "whitespace_ids": [50],
+    }
+    rows = [
+        gen(1, output=(5, think_end, 6, im_end), prompt=(1, think)),  # clean
+        gen(2, output=(5,) + (6, 7) * 300, finish="length", prompt=(1, think)),  # loop, unfinished
+        gen(3, output=(5, 6, 7) * 3, finish="length", prompt=(1, think)),  # unfinished only: kept
+        gen(4, output=(5, think_end, 6, eos), prompt=(1, think)),  # unexpected stop
+        gen(5, output=(5, think_end, 50, 50, im_end), prompt=(1, think), turn=1),  # empty answer
+        gen(6, status="failed", output=(), error="HTTP 400"),
+    ]
+    for row in rows:
+        row.update(
+            sampling="{}", seed=1, max_new_tokens=600, attempts=1, finish_matched=None, messages="[]", tools="[]"
+        )
+    generations = tmp_path / "generations.parquet"
+    write_table(rows, GENERATIONS_SCHEMA, generations, provenance={"prompts": facts})
+    out = {n: tmp_path / n for n in ("c.jsonl", "c.parquet", "c.rejected.jsonl", "train.jsonl")}
+    export_dataset(
+        generations=generations,
+        dataset=out["c.jsonl"],
+        dataset_parquet=out["c.parquet"],
+        rejected=out["c.rejected.jsonl"],
+        export={},
+        quality={},
+    )
+    merge_dataset(dataset=[out["c.jsonl"]], train=out["train.jsonl"])
+    kept = [json.loads(line) for line in out["train.jsonl"].read_text().splitlines()]
+    assert [(r["id"], r["flags"]) for r in kept] == [("r1", []), ("r3", ["unfinished_reasoning"])]
+    rejected = {r["id"]: r for r in map(json.loads, out["c.rejected.jsonl"].read_text().splitlines())}
+    assert {k: (r["status"], r.get("code")) for k, r in rejected.items()} == {
+        "r2": ("filtered", "repetition_loop"),
+        "r4": ("filtered", "unexpected_stop"),
+        "r5": ("filtered", "empty_answer"),
+        "r6": ("failed", None),
+    }
+    assert rejected["r2"]["flags"] == ["repetition_loop", "unfinished_reasoning"]
+    assert (
+        rejected["r2"]["reason"].startswith("repetition_loop: the last ")
+        and "2-token n-gram" in rejected["r2"]["reason"]
+    )
+    summary = summarize(
+        categories=["c"],
+        generations=[generations],
+        rejected=[out["c.rejected.jsonl"]],
+        dataset_parquet=[out["c.parquet"]],
+        summary=tmp_path / "summary.tsv",
+        turns_summary=tmp_path / "turns.tsv",
+        lengths_png=tmp_path / "lengths.png",
+        turns_png=tmp_path / "turns.png",
+    )
+    row = summary.iloc[0]
+    assert (row["ok"], row["filtered"], row["failed"]) == (2, 3, 1)
+    assert {
+        c: (row[f"flag_{c}"], row[f"quarantined_{c}"])
+        for c in ("repetition_loop", "unfinished_reasoning", "empty_answer", "unexpected_stop")
+    } == {
+        "repetition_loop": (1, 1),
+        "unfinished_reasoning": (2, 1),  # r2's loop left it out with both flags
+        "empty_answer": (1, 1),
+        "unexpected_stop": (1, 1),
+    }
+    import pandas as pd
+
+    turns = pd.read_csv(tmp_path / "turns.tsv", sep="\t")
+    per_turn = turns.groupby("turn")[["flag_empty_answer", "flag_unfinished_reasoning"]].sum()
+    assert per_turn.loc[1, "flag_empty_answer"] == 1 and per_turn.loc[0, "flag_empty_answer"] == 0
+    assert per_turn.loc[0, "flag_unfinished_reasoning"] == 2
+    ok_turn0 = turns[(turns["turn"] == 0) & (turns["status"] == "ok")].iloc[0]
+    assert ok_turn0["flag_unfinished_reasoning"] == 1  # the kept one; the other is on the filtered row

@@ -15,8 +15,17 @@ from pathlib import Path
 import orjson
 import pyarrow as pa
 
+from eagle3_datagen.quality.gate import Gate, reason_of
 from eagle3_datagen.settings import defaults
-from eagle3_datagen.storage.tables import IDS, Batching, TableWriter, count_rows, iter_batches, logged
+from eagle3_datagen.storage.tables import (
+    IDS,
+    Batching,
+    TableWriter,
+    count_rows,
+    iter_batches,
+    logged,
+    read_provenance,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +43,8 @@ DATASET_SCHEMA = pa.schema(
         ("n_prompt_tokens", pa.int32()),
         ("n_output_tokens", pa.int32()),
         ("seed", pa.int64()),
+        # The quality gate's flags that the policy keeps (config quality.policies), of every merged turn.
+        ("flags", pa.list_(pa.string())),
     ]
 )
 
@@ -52,22 +63,28 @@ class Filters:
         return cls(**{**filters, **overrides})
 
 
-def filter_reason(row: dict, filters: Filters) -> str | None:
+def filter_reason(row: dict, filters: Filters) -> tuple[str, str] | None:
+    """(the filter's code, the reason) of a row an `export.filters` setting leaves out, or None."""
     n_output = len(row["output_ids"])
     if filters.drop_truncated and row["finish_type"] == "length":
-        return f"truncated: finish_type length after {n_output} tokens (export.filters.drop_truncated)"
+        return "truncated", f"truncated: finish_type length after {n_output} tokens (export.filters.drop_truncated)"
     if n_output < filters.min_loss_tokens:
-        return f"{n_output} loss tokens, fewer than export.filters.min_loss_tokens {filters.min_loss_tokens}"
+        return (
+            "min_loss_tokens",
+            f"{n_output} loss tokens, fewer than export.filters.min_loss_tokens {filters.min_loss_tokens}",
+        )
     n_tokens = len(row["prompt_ids"]) + n_output
     if filters.max_length is not None and n_tokens > filters.max_length:
-        return (
+        return "max_length", (
             f"{n_tokens} tokens, longer than export.filters.max_length {filters.max_length} "
             "(the trainer's maximum length: it would cut the row)"
         )
     return None
 
 
-def dataset_row(row: dict, spans: list[tuple[int, int]] | None = None, turns: int = 1) -> dict:
+def dataset_row(
+    row: dict, spans: list[tuple[int, int]] | None = None, turns: int = 1, flags: list[str] | None = None
+) -> dict:
     """The trainer row of a generated turn: `input_ids = prompt_ids + output_ids`, the loss on the
     output. A merged row (`spans`): the last turn's sequence, the loss on each merged turn's output."""
     prompt, output = row["prompt_ids"], row["output_ids"]
@@ -92,30 +109,41 @@ def dataset_row(row: dict, spans: list[tuple[int, int]] | None = None, turns: in
         "n_prompt_tokens": len(input_ids) - n_loss,
         "n_output_tokens": n_loss,
         "seed": int(row["seed"]),
+        "flags": list(row.get("flags") or ()) if flags is None else flags,
     }
 
 
-def split_rows(generations: list[dict], filters: Filters) -> tuple[list[dict], list[dict]]:
-    """(generation rows for the dataset, rejected records): every row lands in exactly one of the two."""
+def split_rows(generations: list[dict], filters: Filters, gate: Gate | None = None) -> tuple[list[dict], list[dict]]:
+    """(generation rows for the dataset, rejected records): every row lands in exactly one of the two.
+
+    An ok row is judged by the quality `gate` first (a flag its policy quarantines makes it a
+    `filtered` record with that code), then by the export filters; a kept row carries its flags."""
     dataset, rejected = [], []
     for row in generations:
-        status, reason = row["status"], row.get("error") or ""
+        status, reason, code, flags = row["status"], row.get("error") or "", "", []
         if status == "ok":
-            why = filter_reason(row, filters)
-            if why is None:
-                dataset.append(row)
+            quarantined = None
+            if gate is not None:
+                flags, quarantined = gate.judge(row)
+            filtered = (quarantined.code, reason_of(quarantined)) if quarantined else filter_reason(row, filters)
+            if filtered is None:
+                if gate is not None:
+                    gate.count_kept(flags, row["turn"])
+                dataset.append({**row, "flags": [f.code for f in flags]})
                 continue
-            status, reason = "filtered", why
-        rejected.append(
-            {
-                "id": row["id"],
-                "sample_index": int(row["sample_index"]),
-                "turn": int(row["turn"]),
-                "category": row["category"],
-                "status": status,
-                "reason": reason,
-            }
-        )
+            status, (code, reason) = "filtered", filtered
+        record = {
+            "id": row["id"],
+            "sample_index": int(row["sample_index"]),
+            "turn": int(row["turn"]),
+            "category": row["category"],
+            "status": status,
+            "reason": reason,
+        }
+        if status == "filtered":
+            record["code"] = code
+            record["flags"] = [f.code for f in flags]
+        rejected.append(record)
     return dataset, rejected
 
 
@@ -140,11 +168,12 @@ class TurnMerger:
         self._last: dict | None = None
         self._spans: list[tuple[int, int]] = []
         self._turns = 0
+        self._flags: set[str] = set()
 
     def _emit(self) -> list[dict]:
         if self._last is None:
             return []
-        row = dataset_row(self._last, self._spans, self._turns)
+        row = dataset_row(self._last, self._spans, self._turns, sorted(self._flags))
         self._last = None
         return [row]
 
@@ -168,6 +197,7 @@ class TurnMerger:
                 ):
                     self._spans.append((len(prompt), len(prompt) + len(row["output_ids"])))
                     self._last, self._turns = row, self._turns + 1
+                    self._flags.update(row.get("flags") or ())
                     self.merged += 1
                     continue
                 self.not_merged[NOT_EXTENDED] += 1
@@ -175,6 +205,7 @@ class TurnMerger:
                 self.not_merged[GAP] += 1
             out += self._emit()
             self._last, self._spans, self._turns = row, [(len(prompt), len(prompt) + len(row["output_ids"]))], 1
+            self._flags = set(row.get("flags") or ())
         return out
 
     def flush(self) -> list[dict]:
@@ -232,6 +263,7 @@ def export_category(
     rejected: Path,
     batching=None,
     merge_turns: bool = False,
+    gate: Gate | None = None,
 ) -> dict:
     """Export batches of generations rows: dataset rows to `jsonl` and `parquet`, the rest to `rejected`."""
     batching = batching or Batching()
@@ -242,7 +274,7 @@ def export_category(
         JsonlWriter(rejected) as rejected_out,
     ):
         for rows in generations:
-            kept, rejected_rows = split_rows(rows, filters)
+            kept, rejected_rows = split_rows(rows, filters, gate)
             dataset = merger.feed(kept)
             dataset_out.write(dataset)
             parquet_out.write(dataset)
@@ -250,8 +282,9 @@ def export_category(
         last = merger.flush()
         dataset_out.write(last)
         parquet_out.write(last)
-        parquet_out.close(merger.stats())
-    return {"exported": dataset_out.rows, "rejected": rejected_out.rows, **merger.stats()}
+        quality = {"quality": gate.stats()} if gate is not None else {}
+        parquet_out.close({**merger.stats(), **quality})
+    return {"exported": dataset_out.rows, "rejected": rejected_out.rows, **merger.stats(), **quality}
 
 
 # A dataset line starts with its input ids, as `dataset_row` orders the keys.
@@ -294,10 +327,17 @@ def merge_datasets(paths: list[Path], out: Path) -> dict:
 
 
 def export_dataset(
-    *, generations: Path, dataset: Path, dataset_parquet: Path, rejected: Path, export: dict, batch: dict | None = None
+    *,
+    generations: Path,
+    dataset: Path,
+    dataset_parquet: Path,
+    rejected: Path,
+    export: dict,
+    quality: dict | None = None,
+    batch: dict | None = None,
 ) -> dict:
     """Export one category, a batch at a time: trainer rows to `dataset` (+ Parquet), every row left
-    out to `rejected`."""
+    out (the quality gate's quarantine and the export filters) to `rejected`."""
     batching = Batching.from_config(batch)
     counts = export_category(
         logged(iter_batches(generations, batching), count_rows(generations), "export_dataset"),
@@ -307,6 +347,7 @@ def export_dataset(
         rejected=rejected,
         batching=batching,
         merge_turns=bool((export or {}).get("merge_turns", False)),
+        gate=Gate.from_provenance(quality, read_provenance(generations)),
     )
     log.info("%s: %s", generations, counts)
     return counts

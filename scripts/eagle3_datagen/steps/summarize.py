@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow.compute as pc
 
 from eagle3_datagen.figures import plot_lengths, plot_turns
+from eagle3_datagen.quality.flags import CODES
 from eagle3_datagen.storage.prompts import without_source
 from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_record_batches, read_provenance
 
@@ -63,6 +64,25 @@ def reason_kind(reason: str) -> str:
     return re.sub(r"\d+", "N", without_source(reason))[:100]
 
 
+def read_rejected(rejected: str | Path) -> tuple[dict, dict, dict, dict]:
+    """(rows per status, the filtered rows' reasons and quality flags by key, flag counts) of a
+    category's rejected records. `quarantined_<code>` counts the flagged rows that were left out,
+    whichever flag (its record's `code`) or export filter left them out."""
+    counts = {s: 0 for s in STATUSES}
+    filtered, flagged = {}, {}  # generated (status ok) but left out of the dataset; ok keys are unique
+    quality = {f"flag_{code}": 0 for code in CODES} | {f"quarantined_{code}": 0 for code in CODES}
+    for r in iter_jsonl(rejected):
+        counts[r["status"]] += 1
+        if r["status"] == "filtered":
+            key = (r["id"], r["sample_index"], r.get("turn", 0))
+            filtered[key] = r["reason"]
+            flagged[key] = r.get("flags") or ()
+            for code in flagged[key]:  # a filtered row's flags were all left out with it
+                quality[f"flag_{code}"] += 1
+                quality[f"quarantined_{code}"] += 1
+    return counts, filtered, flagged, quality
+
+
 def category_summary(
     category: str,
     generations: str | Path,
@@ -75,14 +95,11 @@ def category_summary(
     """(the category's summary row, the prompt and output lengths of its ok rows), streamed.
 
     `turns`, when given, gets (turn, status, reason kind) -> [rows, output tokens] of every row."""
-    counts = {s: 0 for s in STATUSES}
-    filtered = {}  # generated (status ok) but left out of the dataset; ok keys are unique
-    n_rejected = 0
-    for r in iter_jsonl(rejected):
-        counts[r["status"]] += 1
-        n_rejected += 1
-        if r["status"] == "filtered":
-            filtered[(r["id"], r["sample_index"], r.get("turn", 0))] = r["reason"]
+    counts, filtered, flagged, quality = read_rejected(rejected)
+    n_rejected = sum(counts.values())
+    kept_flags = ((merging or {}).get("quality") or {}).get("kept_flags") or {}
+    for code, per_turn in kept_flags.items():
+        quality[f"flag_{code}"] += sum(per_turn.values())
     rows = n_ok = truncated = ok_output = prompt_tokens = output_tokens = 0
     prompt_lengths: list[int] = []
     output_lengths: list[int] = []
@@ -94,9 +111,11 @@ def category_summary(
             if turns is not None:
                 final = "filtered" if status == "ok" and key in filtered else status
                 why = filtered.get(key, "") if final == "filtered" else batch["error"][i] or ""
-                cell = turns.setdefault((int(batch["turn"][i]), final, reason_kind(why)), [0, 0])
+                cell = turns.setdefault((int(batch["turn"][i]), final, reason_kind(why)), [0, 0, Counter()])
                 cell[0] += 1
                 cell[1] += n_output
+                if final == "filtered":
+                    cell[2].update(flagged.get(key, ()))
             if status != "ok":
                 continue
             n_prompt = int(batch["n_prompt"][i])
@@ -109,6 +128,10 @@ def category_summary(
                 prompt_tokens += n_prompt
                 output_tokens += n_output
     counts["ok"] = rows - n_rejected
+    if turns is not None:
+        for code, per_turn in kept_flags.items():
+            for turn, n in per_turn.items():
+                turns.setdefault((int(turn), "ok", ""), [0, 0, Counter()])[2][code] += n
     merging = merging or {}
     summary = {
         "category": category,
@@ -118,6 +141,7 @@ def category_summary(
         "output_tokens": output_tokens,
         "mean_output_tokens": round(ok_output / n_ok, 1) if n_ok else 0.0,
         "truncated_share": round(truncated / n_ok, 4) if n_ok else 0.0,
+        **quality,
         "turns_merged": int(merging.get("turns_merged", 0)),
         "turns_not_merged": int(sum((merging.get("turns_not_merged") or {}).values())),
         "why_not_merged": "; ".join(
@@ -129,13 +153,22 @@ def category_summary(
 
 
 def write_turns(per_category: dict[str, Counter], path: Path) -> pd.DataFrame:
-    """Rows and output tokens per category, turn index, status and reason (the turns table)."""
+    """Rows and output tokens per category, turn index, status and reason (the turns table), and how
+    many of those rows each quality flag marks (`flag_<code>`)."""
     records = [
-        {"category": category, "turn": turn, "status": status, "reason": reason, "rows": n, "output_tokens": tokens}
+        {
+            "category": category,
+            "turn": turn,
+            "status": status,
+            "reason": reason,
+            "rows": n,
+            "output_tokens": tokens,
+            **{f"flag_{code}": int(flags[code]) for code in CODES},
+        }
         for category, cells in per_category.items()
-        for (turn, status, reason), (n, tokens) in sorted(cells.items())
+        for (turn, status, reason), (n, tokens, flags) in sorted(cells.items())
     ]
-    columns = ["category", "turn", "status", "reason", "rows", "output_tokens"]
+    columns = ["category", "turn", "status", "reason", "rows", "output_tokens", *(f"flag_{c}" for c in CODES)]
     frame = pd.DataFrame(records, columns=columns)
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, sep="\t", index=False)
@@ -153,6 +186,8 @@ def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
         "turns_merged",
         "turns_not_merged",
         *NORMALIZATION,
+        *(f"flag_{code}" for code in CODES),
+        *(f"quarantined_{code}" for code in CODES),
     ):
         total[col] = int(frame[col].sum())
     ok_total = int(frame["ok"].sum()) + int(frame["filtered"].sum())

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_datagen.settings import Budget, ModelProfile
-from eagle3_datagen.tokens.vocabulary import token_id, token_ids, tokenizer_fingerprint
+from eagle3_datagen.tokens.vocabulary import token_id, token_ids, tokenizer_fingerprint, whitespace_ids
 
 # Turn-final markers that SGLang 0.5.23 adds to a tokenizer's stop ids wherever its added vocabulary
 # holds them (`utils/hf_transformers/common.py`, `_ADDITIONAL_STOP_TOKEN_TEXTS`).
@@ -85,8 +85,21 @@ def token_facts(tokenizer, profile: ModelProfile) -> dict:
         "stop_set": stop_set(tokenizer, profile).to_json(),
         "prompt_suffix_ids": token_ids(tokenizer, profile.prompt_suffix),
         "prompt_only_ids": token_ids(tokenizer, profile.prompt_only_tokens),
+        "reasoning_start_id": _optional_id(tokenizer, profile.reasoning_start),
         "reasoning_end_id": token_id(tokenizer, profile.reasoning_end) if profile.reasoning_end else None,
+        # For the quality gate's empty_answer: read from the vocabulary, never from decoded answers.
+        "whitespace_ids": whitespace_ids(tokenizer),
     }
+
+
+def _optional_id(tokenizer, token: str | None) -> int | None:
+    """The id of a token the tokenizer may lack (model.reasoning_start's default), or None."""
+    if not token:
+        return None
+    try:
+        return token_id(tokenizer, token)
+    except (KeyError, ValueError):
+        return None
 
 
 def output_budget(n_prompt_tokens: int, *, context_length: int, budget: Budget) -> tuple[int, str | None]:

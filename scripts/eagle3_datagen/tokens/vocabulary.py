@@ -121,3 +121,24 @@ def tiktoken_model(tokenizer):
     if model is None or type(model).__module__.split(".")[0] != "tiktoken":
         return None
     return model
+
+
+def whitespace_ids(tokenizer) -> list[int]:
+    """The ids whose own text is whitespace only (spaces, newlines, tabs), for the quality gate's
+    `empty_answer`: read once from the vocabulary, so that no answer is ever decoded to judge it.
+
+    A TikToken tokenizer is read from its rank file's bytes (bytes that are not whole UTF-8 text
+    are not whitespace); any other tokenizer decodes each id on its own, in one batch."""
+    model = tiktoken_model(tokenizer)
+    if model is not None:
+        found = []
+        for i in range(model.n_vocab):
+            try:
+                raw = model.decode_single_token_bytes(i)
+            except KeyError:  # an id of no token (a gap between the ranks and the special ids)
+                continue
+            if raw and raw.isspace() and raw.isascii():
+                found.append(i)
+        return found
+    texts = batch_decode(tokenizer, [[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+    return [i for i, text in enumerate(texts) if text and text.isspace()]

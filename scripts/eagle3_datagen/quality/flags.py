@@ -1,0 +1,181 @@
+"""Reason codes of a generated row, from its ids: what the quality gate flags and why.
+
+- `repetition_loop`: the output ends in a loop (`loops.find_loop`; the stop token, if any, aside),
+  or the client stopped it live as one (`finish_type` `loop`).
+- `unfinished_reasoning`: the answer ended by its budget (`length`, or stopped as a loop) while
+  still inside its reasoning: the reasoning was open when the output began (the prompt's generation
+  prompt opened it: Kimi-K2.5's `<think>`) or the output opened it (Qwen3 writes its own `<think>`),
+  and the output holds no reasoning end after that.
+- `empty_answer`: the reasoning closed, then nothing but whitespace before the stop token (a tool
+  call is not whitespace, so an answer that is only a tool call is not empty).
+- `unexpected_stop`: the answer stopped on an end-of-sequence id that is not one of the profile's
+  turn ends (`model.stop_tokens`): e.g. Kimi-K2.5's `[EOS]`, which its config names beside
+  `<|im_end|>`; the turn was never closed as the chat template closes it.
+
+Every decision reads token ids and the tokenizer's facts (`QualityFacts`, from the prompts table's
+provenance or, for `audit`, from the tokenizer); nothing is decoded to text and re-tokenized.
+"""
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from eagle3_datagen.quality.loops import LoopSettings, find_loop
+
+CODES = ("repetition_loop", "unfinished_reasoning", "empty_answer", "unexpected_stop")
+POLICIES = ("keep", "quarantine")
+# Where the generation prompt sits: a reasoning opener or closer further back belongs to the history.
+PROMPT_TAIL = 64
+# finish_type of an answer the client stopped as a loop while it was generated.
+LOOP_FINISH = "loop"
+
+
+@dataclass(frozen=True)
+class QualityFacts:
+    """The ids the flags are read against."""
+
+    turn_end_ids: frozenset  # model.stop_tokens: how a turn ends
+    stop_ids: frozenset  # every id the server stops on (turn ends, the tokenizer's and config's eos)
+    reasoning_start_id: int | None = None
+    reasoning_end_id: int | None = None
+    whitespace_ids: frozenset = frozenset()  # ids whose text is whitespace only
+
+    @classmethod
+    def from_token_facts(cls, facts: dict) -> "QualityFacts":
+        """From `tokens.token_facts.token_facts` (the prompts table's provenance)."""
+        turn_ends = frozenset(facts.get("stop_token_ids") or ())
+        stop_set = facts.get("stop_set") or {}
+        return cls(
+            turn_end_ids=turn_ends,
+            stop_ids=frozenset(stop_set.get("ids") or ()) | turn_ends,
+            reasoning_start_id=facts.get("reasoning_start_id"),
+            reasoning_end_id=facts.get("reasoning_end_id"),
+            whitespace_ids=frozenset(facts.get("whitespace_ids") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class Flag:
+    code: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class QualitySettings:
+    """Config `quality`: a policy per code, the loop detector, and the live stop."""
+
+    policies: dict = field(default_factory=lambda: dict.fromkeys(CODES, "quarantine"))
+    loop: LoopSettings = LoopSettings()
+    live_stop: bool = True
+    stream_interval: int = 32
+
+    @classmethod
+    def from_config(cls, quality: dict | None = None) -> "QualitySettings":
+        from eagle3_datagen.settings import defaults
+
+        q = defaults("quality", **(quality or {}))
+        return cls(
+            policies={code: q["policies"][code] for code in CODES},
+            loop=LoopSettings(**q["loop"]),
+            live_stop=bool(q["live_stop"]),
+            stream_interval=int(q["stream_interval"]),
+        )
+
+    @property
+    def stops_loops_live(self) -> bool:
+        """The client stops loops while they are generated only where a loop would be quarantined:
+        with `keep`, the user wants the whole of what the model wrote."""
+        return self.live_stop and self.policies["repetition_loop"] == "quarantine"
+
+    def quarantined(self, flags: Iterable[Flag]) -> Flag | None:
+        """The first flag (in `CODES` order) whose policy is quarantine, or None: the row is kept."""
+        for flag in flags:
+            if self.policies.get(flag.code) == "quarantine":
+                return flag
+        return None
+
+    def to_json(self) -> dict:
+        return {
+            "policies": dict(self.policies),
+            "loop": self.loop.to_json(),
+            "live_stop": self.live_stop,
+            "stream_interval": self.stream_interval,
+        }
+
+
+def _reasoning_open_at_start(prompt_ids, facts: QualityFacts) -> bool:
+    """Whether the generation prompt left the reasoning open (its last opener after its last closer)."""
+    start, end = facts.reasoning_start_id, facts.reasoning_end_id
+    tail = prompt_ids[-PROMPT_TAIL:]
+    for tid in reversed(tail):
+        if tid == end:
+            return False
+        if tid == start:
+            return True
+    return False
+
+
+def _reasoning_state(prompt_ids, output_ids, facts: QualityFacts) -> tuple[bool, int | None]:
+    """(whether the output ends inside its reasoning, the index of its last reasoning end or None)."""
+    start, end = facts.reasoning_start_id, facts.reasoning_end_id
+    last_start = last_end = None
+    for i in range(len(output_ids) - 1, -1, -1):
+        tid = output_ids[i]
+        if tid == end and last_end is None:
+            last_end = i
+            break
+        if tid == start and last_start is None:
+            last_start = i
+    if last_end is not None:
+        # Closed, unless the output opened it again after its last closer.
+        return last_start is not None and last_start > last_end, last_end
+    return last_start is not None or _reasoning_open_at_start(prompt_ids, facts), None
+
+
+def row_flags(prompt_ids, output_ids, finish_type: str, facts: QualityFacts, loop: LoopSettings) -> list[Flag]:
+    """The row's flags, in `CODES` order (empty: nothing to say against it)."""
+    flags: list[Flag] = []
+    output_ids = list(output_ids)
+    n = len(output_ids)
+    stopped = finish_type == "stop" and n > 0 and output_ids[-1] in facts.stop_ids
+    body_end = n - 1 if stopped else n
+
+    if finish_type == LOOP_FINISH:
+        found = find_loop(output_ids, loop)
+        detail = found.describe() if found else f"stopped as a loop while generated, after {n} tokens"
+        flags.append(Flag("repetition_loop", f"{detail}; stopped while generated"))
+    else:
+        found = find_loop(output_ids, loop, end=body_end)
+        if found is not None:
+            flags.append(Flag("repetition_loop", found.describe()))
+
+    if facts.reasoning_end_id is not None:
+        open_at_end, last_end = _reasoning_state(prompt_ids, output_ids, facts)
+        if finish_type in ("length", LOOP_FINISH) and open_at_end:
+            flags.append(
+                Flag(
+                    "unfinished_reasoning",
+                    f"ended by {'its budget' if finish_type == 'length' else 'the loop stop'} after {n} tokens "
+                    "inside the reasoning (no reasoning end)",
+                )
+            )
+        if stopped and last_end is not None and not open_at_end:
+            after = output_ids[last_end + 1 : body_end]
+            if all(t in facts.whitespace_ids for t in after):
+                flags.append(
+                    Flag(
+                        "empty_answer",
+                        f"the reasoning closed at output token {last_end}, then "
+                        + (f"only {len(after)} whitespace tokens" if after else "nothing")
+                        + " before the stop",
+                    )
+                )
+
+    if finish_type == "stop" and n > 0 and output_ids[-1] not in facts.turn_end_ids:
+        flags.append(
+            Flag(
+                "unexpected_stop",
+                f"stopped on id {output_ids[-1]}, which is not a turn end of model.stop_tokens "
+                f"{sorted(facts.turn_end_ids)}",
+            )
+        )
+    return flags

@@ -1,0 +1,44 @@
+"""The gate as the export applies it: each generated row's flags, the policy's verdict, and tallies.
+
+`Gate.judge(row)` gives a row's flags and, when one of them is quarantined by its policy, that flag:
+the row then becomes a `filtered` record with the flag's code instead of a dataset row. `kept`
+counts the flags of the rows that stay in the dataset, per code and turn (quarantined rows are
+counted from their records), for the summary and the report.
+"""
+
+from collections import Counter
+
+from eagle3_datagen.quality.flags import CODES, Flag, QualityFacts, QualitySettings, row_flags
+
+
+class Gate:
+    def __init__(self, settings: QualitySettings, facts: QualityFacts):
+        self.settings = settings
+        self.facts = facts
+        self.kept: Counter = Counter()  # (code, turn) -> rows kept in the dataset with that flag
+
+    @classmethod
+    def from_provenance(cls, quality: dict | None, provenance: dict) -> "Gate":
+        """From the config's `quality` and a generations table's provenance (its `prompts` facts)."""
+        return cls(QualitySettings.from_config(quality), QualityFacts.from_token_facts(provenance.get("prompts") or {}))
+
+    def judge(self, row: dict) -> tuple[list[Flag], Flag | None]:
+        """(the row's flags, the first one its policy quarantines, or None)."""
+        flags = row_flags(row["prompt_ids"], row["output_ids"], row["finish_type"], self.facts, self.settings.loop)
+        return flags, self.settings.quarantined(flags)
+
+    def count_kept(self, flags: list[Flag], turn: int) -> None:
+        for flag in flags:
+            self.kept[(flag.code, int(turn))] += 1
+
+    def stats(self) -> dict:
+        """What the dataset's provenance records: the gate's settings and the kept rows' flags."""
+        kept = {code: {} for code in CODES}
+        for (code, turn), n in sorted(self.kept.items()):
+            kept[code][str(turn)] = n
+        return {"settings": self.settings.to_json(), "kept_flags": kept}
+
+
+def reason_of(flag: Flag) -> str:
+    """A filtered record's reason for a quarantined flag: its code, what was found, the policy."""
+    return f"{flag.code}: {flag.detail} (quality.policies.{flag.code}: quarantine)"
