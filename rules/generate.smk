@@ -21,6 +21,7 @@ checkpoint plan_generation:
         shards=get_param("shards"),
         budget=get_param("budget"),
         batch=get_param("batch"),
+        quality=get_param("quality"),
     script:
         "../scripts/plan_generation.py"
 
@@ -70,6 +71,7 @@ rule generate:
         max_failed_share=get_param("max_failed_share"),
         cache_dir=get_param("cache_dir"),
         shards=get_param("shards"),
+        quality=get_param("quality"),
     script:
         "../scripts/generate.py"
 
@@ -101,6 +103,7 @@ rule generate_cached:
         max_failed_share=get_param("max_failed_share"),
         cache_dir=get_param("cache_dir"),
         shards=get_param("shards"),
+        quality=get_param("quality"),
         may_send=False,
     script:
         "../scripts/generate.py"

@@ -68,14 +68,9 @@ def ids_are_plain(raw: bytes | None, n: int) -> bool | None:
     return not region.translate(None, _PLAIN_IDS)
 
 
-def parse_response(data, req: Request, vocab_size: int, raw: bytes | None = None) -> dict:
-    """Validate one /generate answer and turn it into result fields; a bad answer is retryable.
-
-    `raw`, the answer's bytes, lets the ids be checked without Python work per id (`ids_are_plain`)."""
-    if not isinstance(data, dict):
-        raise RetryableError(f"malformed response: expected an object, got {type(data).__name__}")
-    output_ids = data.get("output_ids")
-    meta = data.get("meta_info")
+def check_ids(output_ids, vocab_size: int, raw: bytes | None = None, *, whole: bool = True) -> None:
+    """RetryableError unless `output_ids` is a list of non-negative integers (`whole`: and each below
+    `vocab_size`). `raw`, the answer's bytes, lets the ids be checked without Python work per id."""
     if not isinstance(output_ids, list):
         raise RetryableError("malformed response: 'output_ids' missing or not a list of integers")
     plain = ids_are_plain(raw, len(output_ids))
@@ -86,6 +81,30 @@ def parse_response(data, req: Request, vocab_size: int, raw: bytes | None = None
             raise RetryableError("malformed response: 'output_ids' missing or not a list of integers")
         bad = [t for t in output_ids if t < 0]
         raise RetryableError(f"malformed response: output ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
+    if whole and output_ids and max(output_ids) >= vocab_size:
+        bad = [t for t in output_ids if not 0 <= t < vocab_size]
+        raise RetryableError(f"malformed response: output ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
+
+
+def check_length(output_ids: list, req: Request) -> None:
+    """RetryableError for an answer of no tokens, or of more than the request's budget."""
+    if not output_ids:
+        raise RetryableError("malformed response: no output tokens")
+    if len(output_ids) > req.max_new_tokens:
+        raise RetryableError(
+            f"malformed response: {len(output_ids)} output tokens, more than max_new_tokens {req.max_new_tokens}"
+        )
+
+
+def parse_response(data, req: Request, vocab_size: int, raw: bytes | None = None) -> dict:
+    """Validate one /generate answer and turn it into result fields; a bad answer is retryable.
+
+    `raw`, the answer's bytes, lets the ids be checked without Python work per id (`ids_are_plain`)."""
+    if not isinstance(data, dict):
+        raise RetryableError(f"malformed response: expected an object, got {type(data).__name__}")
+    output_ids = data.get("output_ids")
+    meta = data.get("meta_info")
+    check_ids(output_ids, vocab_size, raw, whole=False)
     if not isinstance(meta, dict) or not isinstance(meta.get("finish_reason"), dict):
         raise RetryableError("malformed response: 'meta_info.finish_reason' missing")
     finish = meta["finish_reason"]
@@ -94,15 +113,10 @@ def parse_response(data, req: Request, vocab_size: int, raw: bytes | None = None
         raise RetryableError(f"aborted by the server: {finish.get('message')}")
     if finish_type not in ("stop", "length"):
         raise RetryableError(f"malformed response: unknown finish_reason type {finish_type!r}")
-    if not output_ids:
-        raise RetryableError("malformed response: no output tokens")
+    check_length(output_ids, req)
     if max(output_ids) >= vocab_size:
         bad = [t for t in output_ids if not 0 <= t < vocab_size]
         raise RetryableError(f"malformed response: output ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
-    if len(output_ids) > req.max_new_tokens:
-        raise RetryableError(
-            f"malformed response: {len(output_ids)} output tokens, more than max_new_tokens {req.max_new_tokens}"
-        )
     matched = finish.get("matched")
     return {
         "output_ids": output_ids,

@@ -9,8 +9,9 @@ final. Every row ends as `ok` (exact `output_ids` as returned) or `failed` (with
 Every request goes through one aiohttp session per run: keep-alive connections per server, bodies as
 orjson bytes, answers read as bytes and parsed by orjson, no timer per request (`Deadlines` keeps
 the timeouts). With an `identity.AnswerCheck`, a server's first answers are checked against the job's
-tokenizer and held until it is confirmed, before any is journalled. Imports `requests`, `answers`,
-`pacing`, `load`, `session`, `server_info`, `identity` and `journal`.
+tokenizer and held until it is confirmed, before any is journalled. With a `streaming.LiveStop`,
+answers are streamed and a loop is stopped on the server as it is generated (`streaming`). Imports
+`requests`, `answers`, `streaming`, `pacing`, `load`, `session`, `server_info`, `identity`, `journal`.
 """
 
 import asyncio
@@ -26,14 +27,15 @@ from dataclasses import dataclass, field
 import aiohttp
 from yarl import URL
 
-from eagle3_datagen.generation.answers import FinalError, RetryableError, interpret
+from eagle3_datagen.generation.answers import FinalError, RetryableError
 from eagle3_datagen.generation.identity import AnswerCheck, ServerMismatch
 from eagle3_datagen.generation.journal import Journal
 from eagle3_datagen.generation.load import Concurrency, Load, Timeline
 from eagle3_datagen.generation.pacing import Deadlines, Progress, Slots
 from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.generation.server_info import LoadReader
-from eagle3_datagen.generation.session import open_session
+from eagle3_datagen.generation.session import open_session, run_loop  # noqa: F401 (run_loop: for the steps)
+from eagle3_datagen.generation.streaming import LiveStop, StreamedAnswer, answer_fields, post_streamed
 from eagle3_datagen.settings import ClientSettings
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ class GenerateClient:
         rng: random.Random | None = None,
         alive=None,
         answer_check: AnswerCheck | None = None,
+        live: LiveStop | None = None,
     ):
         if not urls:
             raise ValueError("no server URL to send requests to")
@@ -89,6 +92,7 @@ class GenerateClient:
         # For a server this job launched: a callable telling whether its process still runs.
         self.alive = alive
         self.answer_check = answer_check
+        self.live = live  # None: answers are not streamed, loops run to their budget
         self._pool: ThreadPoolExecutor | None = None  # the run's thread for tokenizer work
         self.run_nonce = secrets.token_hex(4)
         self._next_url = 0
@@ -121,16 +125,20 @@ class GenerateClient:
             await self._session.close()
             self._session = None
 
-    async def _post(self, req: Request, attempt: int, url: URL | None = None) -> tuple[int, bytes]:
-        """POST one attempt of `req` to `url` (None: the next server); (status, answer bytes). A
-        connection error or the request's deadline passing is a RetryableError."""
+    async def _post(self, req: Request, attempt: int, url: URL | None = None) -> tuple[int, bytes | StreamedAnswer]:
+        """POST one attempt of `req` to `url` (None: the next server); (status, answer bytes, or the
+        streamed answer read to its end). A connection error or the deadline passing is a RetryableError."""
         timeout_s = self.settings.request_timeout(req.max_new_tokens)
         task = asyncio.current_task()
         self._deadlines.watch(task, timeout_s)
         self.in_flight += 1
         try:
-            body = self.template.body(req, req.rid(self.run_nonce, attempt))
-            async with self.session.post(url or self._url()[1], data=body) as resp:
+            rid, url = req.rid(self.run_nonce, attempt), url or self._url()[1]
+            if self.live is not None:
+                body = self.template.body(req, rid, self.live.stream_interval)
+                answer = StreamedAnswer(req, self.template.vocab_size, self.live)
+                return await post_streamed(self.session, url, body, answer, rid)
+            async with self.session.post(url, data=self.template.body(req, rid)) as resp:
                 return resp.status, await resp.read()
         except asyncio.CancelledError:
             # The watchdog's cancellation alone is a timeout; any other (the job stopping) goes on.
@@ -178,7 +186,7 @@ class GenerateClient:
                         # up to its send. Only then is this answer parsed and journalled.
                         await asyncio.sleep(0)
                         await asyncio.sleep(0)
-                    result = interpret(status, raw, req, self.template.vocab_size)
+                    result, raw = answer_fields(status, raw, req, self.template.vocab_size)
                     if self.answer_check is not None:
                         rid = req.rid(self.run_nonce, attempt)
                         await self.answer_check.vet(base, rid, raw, result["output_ids"], req.prompt_ids, self._pool)
@@ -387,13 +395,3 @@ class GenerateClient:
         self.requests_done, self.tokens_done = run.progress.done, run.progress.tokens
         self.elapsed_s = time.monotonic() - run.progress.started
         return run.results
-
-
-def run_loop(coro):
-    """Run a coroutine of the client to its end: on uvloop's event loop (libuv, written in C: the
-    event loop's own work per request is a fraction of asyncio's), else on asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)

@@ -9,6 +9,10 @@ The journal doubles as the generation cache: an ok entry is reused for any row w
 fingerprint (model and server, prompt ids, sampling, budget, seed, sample index) is the same, so an
 edited prompt is sent again and an unchanged one never is, whatever its file's timestamp says.
 
+A row the client stopped as a loop (finish_type `loop`) is only a prefix of what the model would have
+written: it is reused only while the current settings stop loops live and still find a loop in its
+ids (`loop_rows`); else it is requested again.
+
 Memory: the journal keeps only where each entry's line lies (file, offset, length), never the
 entries themselves, and reads a line back when it is asked for; so a job's memory does not grow
 with the answers it has journalled (tens of GB for 88k answers of 10k tokens).
@@ -17,15 +21,31 @@ with the answers it has journalled (tens of GB for 88k answers of 10k tokens).
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import orjson
+
+from eagle3_datagen.quality.flags import LOOP_FINISH
+from eagle3_datagen.quality.loops import LoopSettings, find_loop
 
 log = logging.getLogger(__name__)
 
 # Where a line lies: (file number, byte offset, length without the newline).
 Ref = tuple[int, int, int]
+
+
+def loop_rows(live_loop: LoopSettings | None) -> Callable[[dict], bool]:
+    """Which ok entries may be reused (`Journal.reuse`): any that did not stop as a loop; one that did,
+    only while loops are stopped live (`live_loop`, the current loop settings; None: they are not) and
+    `find_loop` still finds one in its ids."""
+
+    def reusable(entry: dict) -> bool:
+        if entry.get("finish_type") != LOOP_FINISH:
+            return True
+        return live_loop is not None and find_loop(entry.get("output_ids") or [], live_loop) is not None
+
+    return reusable
 
 
 def entry_key(entry: dict) -> tuple[str, int, int]:
@@ -68,6 +88,7 @@ class Journal:
         self._size = self._fh.tell() if self._fh is not None else 0
         self._unsynced = 0
         self._last_sync = time.monotonic()
+        self.reuse: Callable[[dict], bool] | None = None  # which ok entries `reusable` gives (`loop_rows`)
 
     def _load(self, file_no: int, by_fingerprint: dict, keys: dict | None = None) -> None:
         """Index one journal file a line at a time; cut a torn tail of our own file."""
@@ -107,9 +128,12 @@ class Journal:
         return orjson.loads(os.pread(fd, length, offset))
 
     def reusable(self, fingerprint: str) -> dict | None:
-        """A journalled ok result made by exactly this request, if there is one."""
+        """A journalled ok result made by exactly this request, if there is one (and `reuse` takes it)."""
         ref = self._by_fingerprint.get(fingerprint)
-        return None if ref is None else self._read(ref)
+        if ref is None:
+            return None
+        entry = self._read(ref)
+        return entry if self.reuse is None or self.reuse(entry) else None
 
     def entry(self, key: tuple) -> dict | None:
         """The last entry this journal holds for (id, sample_index, turn), if any ((id, sample_index): turn 0)."""

@@ -1,6 +1,7 @@
 """The command lines and environment of the servers a generate job launches: SGLang's
 `launch_server` from `engine.sglang` (its flags checked: none that would reshape or cut the data;
-`engine.sglang.env` on top of the job's environment) and the CPU stand-in engine.
+`engine.sglang.env` on top of the job's environment) and the CPU stand-in engine. Either streams
+its answers incrementally (`--incremental-streaming-output`) where the client stops loops live.
 
 Imports only the standard library; `servers` runs what this module builds.
 """
@@ -28,7 +29,14 @@ def check_extra_args(args: list[str]) -> None:
         )
 
 
-def sglang_command(engine: dict, *, port: int, context_length: int, api_key: str | None = None) -> list[str]:
+# Each streamed chunk holds only the tokens new since the one before (else every chunk repeats the
+# whole output so far): what the live loop stop needs (`streaming`).
+INCREMENTAL_STREAMING_FLAG = "--incremental-streaming-output"
+
+
+def sglang_command(
+    engine: dict, *, port: int, context_length: int, api_key: str | None = None, incremental_streaming: bool = False
+) -> list[str]:
     """`python -m sglang.launch_server ...` from the config, bound to localhost on `port`."""
     sglang = engine["sglang"]
     extra = [str(a) for a in sglang["extra_args"]]
@@ -56,6 +64,8 @@ def sglang_command(engine: dict, *, port: int, context_length: int, api_key: str
         cmd += ["--mem-fraction-static", str(sglang["mem_fraction_static"])]
     if api_key:
         cmd += ["--api-key", api_key]
+    if incremental_streaming and INCREMENTAL_STREAMING_FLAG not in extra:
+        cmd.append(INCREMENTAL_STREAMING_FLAG)
     return cmd + extra
 
 
@@ -77,7 +87,13 @@ LOCAL_ENGINE_ARGS_ENV = "EAGLE3_DATAGEN_ENGINE_ARGS"
 
 
 def local_engine_command(
-    engine: dict, *, port: int, context_length: int, tokenizer: str, trust_remote_code: bool = False
+    engine: dict,
+    *,
+    port: int,
+    context_length: int,
+    tokenizer: str,
+    trust_remote_code: bool = False,
+    incremental_streaming: bool = False,
 ) -> list[str]:
     """The command line of the CPU stand-in engine (python -m eagle3_datagen.engine)."""
     local = engine["local"]
@@ -104,4 +120,7 @@ def local_engine_command(
         cmd.append("--trust-remote-code")
     if engine["deterministic_inference"]:
         cmd.append("--enable-deterministic-inference")
+    if incremental_streaming:
+        cmd.append(INCREMENTAL_STREAMING_FLAG)
+    cmd += [str(arg) for arg in local.get("extra_args") or ()]
     return cmd + shlex.split(os.environ.get(LOCAL_ENGINE_ARGS_ENV, ""))

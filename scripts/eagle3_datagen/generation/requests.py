@@ -63,9 +63,15 @@ class RequestTemplate:
     _model_json: bytes | None = field(default=None, repr=False, compare=False)
     _orjson_agrees: bool | None = field(default=None, repr=False, compare=False)
 
-    def body(self, req: Request, rid: str) -> bytes:
-        """The /generate body of one attempt, as JSON bytes."""
-        return orjson.dumps({"input_ids": req.prompt_ids, "sampling_params": self.sampling_params(req), "rid": rid})
+    def body(self, req: Request, rid: str, stream_interval: int | None = None) -> bytes:
+        """The /generate body of one attempt, as JSON bytes; with `stream_interval`, a streamed one
+        (its output sent every that many tokens). How an answer is delivered is no part of what is
+        generated: the fingerprint leaves it out."""
+        params = self.sampling_params(req)
+        if stream_interval is None:
+            return orjson.dumps({"input_ids": req.prompt_ids, "sampling_params": params, "rid": rid})
+        params["stream_interval"] = int(stream_interval)
+        return orjson.dumps({"input_ids": req.prompt_ids, "sampling_params": params, "rid": rid, "stream": True})
 
     def sampling_params(self, req: Request) -> dict:
         # Every value explicit: /generate applies none of the model's generation_config defaults.

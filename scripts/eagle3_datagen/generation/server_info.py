@@ -89,6 +89,13 @@ def check_server_info(info: dict, *, context_length: int, url: str) -> list[str]
     return warnings
 
 
+def streams_incrementally(info: dict) -> bool:
+    """Whether a server's streamed chunks hold only the tokens new since the chunk before (SGLang's
+    --incremental-streaming-output, /server_info `incremental_streaming_output`). Without it every
+    chunk repeats the whole output so far: streaming a long answer from it costs its square."""
+    return bool(info.get("incremental_streaming_output"))
+
+
 class LoadReader:
     """The servers' load, summed over them: `/v1/loads`, else the older `/get_load` (the first that
     answers is kept per server; a server with neither is not asked again)."""

@@ -207,8 +207,11 @@ class Servers:
 
 
 @contextmanager
-def servers(engine: dict, *, profile: ModelProfile, log_path: Path, key: str | None):
-    """Where to send requests: a server this job launches (`sglang`, `local`), or running ones (`external`)."""
+def servers(
+    engine: dict, *, profile: ModelProfile, log_path: Path, key: str | None, incremental_streaming: bool = False
+):
+    """Where to send requests: a server this job launches (`sglang`, `local`), or running ones (`external`).
+    `incremental_streaming`: a launched server streams each chunk's new tokens only (the live loop stop)."""
     kind = engine["kind"]
     if kind == "external":
         yield Servers(list(engine["external"]["urls"]))
@@ -216,7 +219,13 @@ def servers(engine: dict, *, profile: ModelProfile, log_path: Path, key: str | N
     port = free_port()
     env = None
     if kind == "sglang":
-        cmd = sglang_command(engine, port=port, context_length=profile.context_length, api_key=key)
+        cmd = sglang_command(
+            engine,
+            port=port,
+            context_length=profile.context_length,
+            api_key=key,
+            incremental_streaming=incremental_streaming,
+        )
         env = server_env(engine["sglang"].get("env") or {})
     else:
         cmd = local_engine_command(
@@ -225,6 +234,7 @@ def servers(engine: dict, *, profile: ModelProfile, log_path: Path, key: str | N
             context_length=profile.context_length,
             tokenizer=profile.tokenizer,
             trust_remote_code=profile.trust_remote_code,
+            incremental_streaming=incremental_streaming,
         )
     server = ManagedServer(
         cmd, port=port, log_path=log_path, startup_timeout_s=float(engine["startup_timeout_s"]), env=env

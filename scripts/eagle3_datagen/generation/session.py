@@ -1,7 +1,10 @@
-"""The HTTP session every request of a client run goes through (`open_session`).
+"""The HTTP session every request of a client run goes through (`open_session`), and the event loop
+the run goes on (`run_loop`).
 
 Imports nothing of the package.
 """
+
+import asyncio
 
 import aiohttp
 
@@ -23,3 +26,13 @@ def open_session(headers: dict) -> aiohttp.ClientSession:
         cookie_jar=aiohttp.DummyCookieJar(),
         trust_env=False,
     )
+
+
+def run_loop(coro):
+    """Run a coroutine of the client to its end: on uvloop's event loop (libuv, written in C: the
+    event loop's own work per request is a fraction of asyncio's), else on asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)

@@ -13,8 +13,8 @@ they are spliced in after the regenerated answer when it calls *the same tools*:
 names, in the same order and number (the arguments may differ: the original results answered the
 original arguments). Each result's `tool_call_id` is rewritten to the regenerated call's id.
 
-A conversation ends early, never silently: after a failed turn, a turn cut at `max_new_tokens`, a
-tool mismatch, or a next prompt that does not fit the context, its later turns become skipped rows
+A conversation ends early, never silently: after a failed turn, a turn cut at `max_new_tokens` or
+stopped as a repetition loop (finish_type `loop`), a tool mismatch, or a next prompt that does not fit the context, its later turns become skipped rows
 carrying the reason, and the turns before stay.
 
 `turn_ends` (a prompts table column) says where each turn's history ends in the conversation; with
@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from eagle3_datagen.generation.requests import Request, RequestTemplate
+from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.settings import Budget, ModelProfile, stable_hash
 from eagle3_datagen.tokens.token_facts import output_budget
 
@@ -217,9 +218,10 @@ class Conversation:
         if result["status"] != "ok":
             self._end(f"turn {k} failed ({result.get('error', '')[:200]}): its {later} later turn(s) not generated")
             return None
-        if result.get("finish_type") == "length":
+        if result.get("finish_type") in ("length", LOOP_FINISH):
+            how = "at max_new_tokens" if result["finish_type"] == "length" else "as a repetition loop"
             self._end(
-                f"turn {k} was cut at max_new_tokens ({len(result['output_ids'])} tokens): a cut answer cannot "
+                f"turn {k} was cut {how} ({len(result['output_ids'])} tokens): a cut answer cannot "
                 f"continue the conversation; its {later} later turn(s) not generated"
             )
             return None

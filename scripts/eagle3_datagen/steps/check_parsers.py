@@ -15,13 +15,14 @@ For each ok generation row this replays what SGLang's chat layer and a text-base
 
 Alignment: the row is `exact` when `route[:len(expected)] == expected` and every extra route token is
 the template's own end of turn: whitespace-only tokens (Qwen3 renders `<|im_end|>\\n`), and, when
-`expected` does not end with a stop id (a `length` row), one stop id before them (the template
+`expected` does not end with a stop id (a `length` or `loop` row), one stop id before them (the template
 closes the turn that generation left open). Otherwise `first_diff` is the first index where the two
 differ (or the length of the shorter one) and the row gets the first class that applies, in order:
 
 - `reasoning_token_lost`: `output_ids` hold `</think>` but the decoded text does not (skipped as a
   special token), or the route has fewer `</think>` ids after the prompt than the output;
-- `truncated_without_reasoning_end`: `finish_type == "length"` and no `</think>` in `output_ids`
+- `truncated_without_reasoning_end`: `finish_type` is `length` (or `loop`: stopped as a repetition loop
+  while generated, cut as a budget cuts) and no `</think>` in `output_ids`
   (the parser calls it all reasoning; the template then closes a `</think>` that was never generated);
 - `reasoning_dropped_by_template`: the parser found reasoning but the rendered conversation does not
   contain it (Kimi templates render `<think></think>` for an assistant turn without tool calls that
@@ -34,7 +35,8 @@ differ (or the length of the shorter one) and the row gets the first class that 
 - `retokenization_drift`: the decoded texts from `first_diff` on are equal (same text, other ids);
 - `other`.
 
-May import: `settings`, `storage.tables`, `tokens` (the chat layer, parsers, templating, vocabulary).
+May import: `settings`, `storage.tables`, `tokens` (the chat layer, parsers, templating, vocabulary),
+`quality.flags` (the finish_type of a row stopped as a loop).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.settings import ModelProfile
 from eagle3_datagen.storage.tables import Batching, TableWriter, count_rows, iter_batches, logged
 from eagle3_datagen.tokens import parsers
@@ -57,6 +60,8 @@ from eagle3_datagen.tokens.vocabulary import batch_decode, load_tokenizer, token
 
 log = logging.getLogger(__name__)
 
+# Answers cut before their end: by their budget, or stopped as a loop while generated.
+CUT_FINISHES = ("length", LOOP_FINISH)
 VERDICTS = (
     "exact",
     "reasoning_token_lost",
@@ -106,7 +111,7 @@ class RowFacts:
 def classify(f: RowFacts) -> str:
     if f.n_end_output and (not f.end_in_text or f.n_end_route < f.n_end_output):
         return "reasoning_token_lost"
-    if f.finish_type == "length" and not f.n_end_output:
+    if f.finish_type in CUT_FINISHES and not f.n_end_output:
         return "truncated_without_reasoning_end"
     if f.reasoning.strip() and f.reasoning.strip() not in f.rendered:
         return "reasoning_dropped_by_template"

@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.settings import ModelProfile
 from eagle3_datagen.storage.tables import Batching, count_rows, iter_batches, logged
 from eagle3_datagen.tokens.templating import ChatTokenizer
@@ -23,7 +24,7 @@ RULES = {
     "prompt_matches_template": "prompt_ids equal a fresh apply_chat_template of the row's messages",
     "prompt_suffix": "the prompt ends with the model profile's prompt_suffix",
     "no_prompt_only_tokens": "no output contains a prompt-only token",
-    "ends_with_stop": "an ok row ends with an id the server stops on (a stop token or the model's eos) unless finish_type is length",
+    "ends_with_stop": "an ok row ends with an id the server stops on (a stop token or the model's eos) unless finish_type is length or loop (stopped as a repetition loop while generated)",
     "finish_matches_output": "a stop finish's matched token is the last output token",
     "ids_in_vocabulary": "every id lies inside the vocabulary",
     "within_budget": "no output is longer than the row's max_new_tokens",
@@ -144,7 +145,7 @@ class SequenceChecker:
             if not self.prompt_only.isdisjoint(output_ids):
                 bad_outputs = sorted(self.prompt_only.intersection(output_ids))
                 report.add(g, "no_prompt_only_tokens", f"output contains prompt-only ids {bad_outputs}")
-            if g["finish_type"] != "length" and (not output_ids or output_ids[-1] not in stops):
+            if g["finish_type"] not in ("length", LOOP_FINISH) and (not output_ids or output_ids[-1] not in stops):
                 report.add(
                     g,
                     "ends_with_stop",

@@ -5,6 +5,8 @@ client, and assembles the generations rows, in prompt order: one per turn of eac
 token facts come with the prompts table (`token_facts.token_facts`); the tokenizer is loaded only by
 a job that sends rows: to check its servers' first answers (`identity`) and to make a conversation's
 later turns (`turns`). The rows themselves are made, counted and merged by `generation.assemble`.
+Where config `quality` stops loops live, the servers stream incrementally and the client stops a loop
+as it is generated (`generation.streaming`); the provenance's `live_stop` says whether it did.
 
 Imports `generation`, `storage`, `settings` and the step `plan_generation`.
 """
@@ -27,7 +29,8 @@ from eagle3_datagen.generation.assemble import (
 )
 from eagle3_datagen.generation.client import GenerateClient, ServerDied, run_loop
 from eagle3_datagen.generation.identity import AnswerCheck, ServerMismatch, check_model_info
-from eagle3_datagen.generation.journal import Journal
+from eagle3_datagen.generation.journal import Journal, loop_rows
+from eagle3_datagen.generation.server_info import streams_incrementally
 from eagle3_datagen.generation.servers import (
     api_key,
     job_facts,
@@ -36,7 +39,9 @@ from eagle3_datagen.generation.servers import (
     servers,
     terminate_on_sigterm,
 )
+from eagle3_datagen.generation.streaming import LiveStop
 from eagle3_datagen.generation.turns import TurnBuilder, follower
+from eagle3_datagen.quality.flags import QualitySettings
 from eagle3_datagen.settings import ClientSettings, ModelProfile, stable_hash
 from eagle3_datagen.steps.plan_generation import (
     Plan,
@@ -80,13 +85,18 @@ def generate_category(
     category: str,
     writer: TableWriter,
     may_send: bool = True,
+    quality: QualitySettings | None = None,
 ) -> dict:
     """Generate every usable row of a category into `writer`; returns the provenance.
 
     `prompt_rows()` reads the shard's prompt rows anew (planning, sending and writing each go
     through them once, a batch at a time); `facts` are the prompts table's token facts
     (provenance); `journal` keeps every finished row and is where results are read back from.
+    `quality` (default: the schema's) says whether loops are stopped live, and so which journalled
+    loop rows may be reused (`journal.loop_rows`).
     """
+    quality = quality or QualitySettings.from_config()
+    journal.reuse = loop_rows(quality.loop if quality.stops_loops_live else None)
     builder = make_builder(facts, profile, sampling, engine, budget)
     provenance = {
         "model_fingerprint": builder.template.model_fingerprint,
@@ -113,6 +123,7 @@ def generate_category(
                 client_settings=client_settings,
                 server_log=server_log,
                 category=category,
+                quality=quality,
             )
         failures = FailureCount()
         writer.write(failures.count(assemble(prompt_rows(), builder, journalled_result(journal))))
@@ -131,6 +142,7 @@ def _send_plan(
     client_settings: ClientSettings,
     server_log: Path,
     category: str,
+    quality: QualitySettings,
 ) -> dict:
     """Send the plan's requests, and the later turns their answers make, to the servers (started or
     found) until the journal holds every one; returns the provenance of the servers and the client."""
@@ -139,8 +151,11 @@ def _send_plan(
     # Each server's first answers are checked against the tokenizer the prompts were made with (the
     # one the later turns use), before the server is started.
     answer_check = AnswerCheck(builder.layer.tokenizer, tokenizer_dir=profile.tokenizer)
-    with servers(engine, profile=profile, log_path=server_log, key=key) as srv:
+    live = LiveStop.from_quality(quality)
+    with servers(engine, profile=profile, log_path=server_log, key=key, incremental_streaming=live is not None) as srv:
         sent = {"servers": server_provenance(srv.urls, profile, headers)}
+        live = _live_stop(live, sent["servers"], category)
+        sent["live_stop"] = {"stopped_live": live is not None, **quality.to_json()}
         for url, info in sent["servers"].items():  # refuses a server that cannot serve this job
             log.info(
                 "%s", check_model_info(info["model_info"], info["server_info"], url=url, tokenizer=profile.tokenizer)
@@ -161,6 +176,7 @@ def _send_plan(
             headers=headers,
             alive=srv.alive,
             answer_check=answer_check,
+            live=live,
         )
         # A conversation's next turn is made from its answer as soon as the answer is journalled.
         # (Only where there are later turns: each entry waits for its answer's follow-up.)
@@ -185,6 +201,24 @@ def _send_plan(
             raise ServerMismatch(f"{category}: {exc}") from None
         sent["client"] = _client_provenance(client)
     return sent
+
+
+def _live_stop(live: LiveStop | None, infos: dict, category: str) -> LiveStop | None:
+    """`live`, unless a server would stream every chunk whole (no --incremental-streaming-output):
+    then loops run to their budget (and are flagged afterwards), with a warning."""
+    if live is None:
+        return None
+    whole = [url for url, info in infos.items() if not streams_incrementally(info["server_info"])]
+    if not whole:
+        return live
+    log.warning(
+        "%s: %s streams without --incremental-streaming-output (/server_info incremental_streaming_output is "
+        "false): every streamed chunk would repeat the whole output, so loops are not stopped live "
+        "(quality.live_stop); they run to max_new_tokens and the quality gate flags them afterwards",
+        category,
+        ", ".join(whole),
+    )
+    return None
 
 
 def _client_provenance(client: GenerateClient) -> dict:
@@ -227,6 +261,7 @@ def generate(
     cache_dir: str,
     shards: int,
     may_send: bool = True,
+    quality: dict | None = None,
 ) -> None:
     """Generate one shard of a category into `shard_generations` (`may_send=False`: only from the
     journal, on a host without the server: rule generate_cached).
@@ -242,6 +277,7 @@ def generate(
         "max_failed_share": max_failed_share,
         "cache_dir": cache_dir,
         "shards": shards,
+        "quality": quality,
     }
     facts = read_provenance(prompts)
     label = category if shards == 1 else f"{category}[{shard}/{shards}]"
@@ -268,6 +304,7 @@ def generate(
             category=label,
             writer=writer,
             may_send=may_send,
+            quality=QualitySettings.from_config(quality),
         )
         provenance.update(
             {"prompts": facts, "params": params, "config_sha256": stable_hash(params), "shard": shard, "shards": shards}

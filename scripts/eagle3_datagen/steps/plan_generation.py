@@ -13,9 +13,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3_datagen.generation.journal import Journal
+from eagle3_datagen.generation.journal import Journal, loop_rows
 from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.generation.turns import TurnBuilder, walk
+from eagle3_datagen.quality.flags import QualitySettings
 from eagle3_datagen.settings import Budget, ModelProfile
 from eagle3_datagen.storage.tables import Batching, iter_rows, read_provenance
 
@@ -213,11 +214,15 @@ def plan_generation(
     shards: int,
     budget: dict,
     batch: dict | None = None,
+    quality: dict | None = None,
 ) -> dict:
     """Write the plan of one shard: turns to send, already generated, skipped (no server; the
-    tokenizer only to follow conversations whose earlier turns the journal holds)."""
+    tokenizer only to follow conversations whose earlier turns the journal holds). A journalled row
+    stopped as a loop counts as generated only where `quality` would stop it again (`loop_rows`)."""
     builder = make_builder(read_provenance(prompts), ModelProfile.from_config(model), sampling, engine, budget)
+    settings = QualitySettings.from_config(quality)
     with open_journal(cache_dir, category, shard, shards, read_only=True) as journal:
+        journal.reuse = loop_rows(settings.loop if settings.stops_loops_live else None)
         rows = iter_rows(prompts, Batching.from_config(batch), columns=PLAN_COLUMNS)
         summary = {
             "category": category,

@@ -1,0 +1,230 @@
+"""Live loop stop: the GPU tokens a repetition loop costs with and without the client stopping it while
+it is generated, and what streaming costs the client; the baseline (not streamed) in the same run.
+
+The server is the local engine (`python -m eagle3_datagen.engine --backend scripted`, Qwen3 tokenizer)
+behind its simulated GPU (`--max-running-requests`, `--max-total-tokens`, `--step-ms`: every running
+request gets one token per step, so tokens are spent in time and an abort saves the rest), streaming
+as SGLang does with `--incremental-streaming-output`, and with loop injection: `--loop-share` of the
+requests (drawn per row, the same rows in every run) fall into a loop of period `--loop-period` from an
+onset drawn uniformly over `--loop-onset` (default 1,024 to budget - 2,048 tokens) and loop until
+max_new_tokens. The other requests end at a length drawn over `--answer-tokens` or at the budget. The
+engine runs on one core and the client (in this process) on the other (`taskset`).
+
+Three client runs over the same requests, each with a fresh run nonce:
+  whole   not streamed (the client before the live stop): the baseline;
+  live    streamed, each chunk watched, a loop stopped with /abort_request (config quality defaults,
+          but `max_period` 64, see below);
+  stream  streamed and watched, with loop settings none of these outputs meets (`max_period` 1: only a
+          token repeated 256 times): what streaming costs the client, with the watch at its cheapest.
+Figures:
+  GPU tokens   output tokens the engine generated (its --record: each answer's ids, an aborted one's
+               up to the abort), on looping and on loop-free requests, and on the looping ones from
+               their onset on ("in loops": what the loop wasted); saved = 1 - live / whole. Goal: at
+               least 80 % of the tokens in loops saved. The tokens before a loop's onset are spent
+               either way, so on whole looping requests the saving is about 1 - mean onset / budget.
+  exactness    in the live run, every loop-free request ends as in the whole run (same ids, no `loop`
+               finish), and every stopped one holds a prefix of its whole-run ids (checked, else exit 1).
+  client CPU   time.process_time of this process over `GenerateClient.run` (on uvloop, as the generate
+               job runs it: `session.run_loop`), per request and per 1,000 output tokens received.
+
+`max_period` is 64 (the default is 256) because the scripted engine writes its long answers by cycling
+one paragraph (`AnswerScript.long_words`, 73 Qwen3 tokens): the detector rightly calls such an answer a
+loop once it has repeated long enough, so with periods up to 256 every long loop-free answer would be
+stopped too. The injected loops have periods within 64 (`--loop-period`, default 2:48).
+
+    .venv/bin/python bench/live_stop.py [--requests 60] [--budget 32768] [--loop-share 0.2]
+        [--step-ms 0.2] [--stream-interval 32] [--out /tmp/live_stop.json]
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from eagle3_datagen.generation.client import GenerateClient  # noqa: E402
+from eagle3_datagen.generation.requests import Request, RequestTemplate, parse_rid  # noqa: E402
+from eagle3_datagen.generation.servers import ManagedServer, free_port  # noqa: E402
+from eagle3_datagen.generation.session import run_loop  # noqa: E402
+from eagle3_datagen.generation.streaming import LiveStop  # noqa: E402
+from eagle3_datagen.quality.flags import LOOP_FINISH  # noqa: E402
+from eagle3_datagen.quality.loops import LoopSettings  # noqa: E402
+from eagle3_datagen.settings import ClientSettings  # noqa: E402
+
+PROMPT_WORDS = "Explain how a heap keeps its order after an insertion, step by step, for case {i}."
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=60)
+    p.add_argument("--budget", type=int, default=32768, help="max_new_tokens of every request")
+    p.add_argument("--loop-share", type=float, default=0.2)
+    p.add_argument("--loop-onset", help="LO:HI output tokens before a loop (default 1024:budget-2048)")
+    p.add_argument("--loop-period", default="2:48")
+    p.add_argument("--answer-tokens", help="LO:HI lengths of loop-free answers (default budget/8:budget)")
+    p.add_argument("--step-ms", type=float, default=0.2, help="simulated GPU step (one token per running request)")
+    p.add_argument("--stream-interval", type=int, default=32)
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--cores", help="two cores: engine,client (default: the first two allowed)")
+    p.add_argument("--out", type=Path, help="write the figures here as JSON")
+    return p.parse_args()
+
+
+def engine_command(args, tok_dir: Path, port: int, record: Path, core: int) -> list[str]:
+    onset = args.loop_onset or f"1024:{args.budget - 2048}"
+    answers = args.answer_tokens or f"{args.budget // 8}:{args.budget}"
+    return [
+        *["taskset", "-c", str(core), sys.executable, "-m", "eagle3_datagen.engine", "--backend", "scripted"],
+        *["--model-dir", str(tok_dir), "--port", str(port), "--context-length", str(args.budget + 8192)],
+        *["--answer-tokens", answers, "--incremental-streaming-output", "--record", str(record)],
+        *["--loop-share", str(args.loop_share), "--loop-onset", onset, "--loop-period", args.loop_period],
+        *["--max-running-requests", str(max(args.concurrency, args.requests))],
+        *["--max-total-tokens", str((args.budget + 1024) * args.requests * 2)],
+        *["--step-ms", str(args.step_ms), "--step-ms-per-request", "0", "--log-level", "WARNING"],
+    ]
+
+
+def requests(tokenizer, n: int, budget: int) -> list[Request]:
+    out = []
+    for i in range(n):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": PROMPT_WORDS.format(i=i)}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        out.append(Request(id=f"q{i}", sample_index=0, prompt_ids=list(ids), max_new_tokens=budget, seed=i))
+    return out
+
+
+def run_client(url: str, template: RequestTemplate, reqs: list[Request], concurrency: int, live) -> dict:
+    client = GenerateClient([url], template, ClientSettings.from_config(concurrency=concurrency), live=live)
+    wall, cpu = time.monotonic(), time.process_time()
+    results = run_loop(client.run(reqs))
+    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    failed = [r["error"] for r in results.values() if r["status"] != "ok"]
+    if failed:
+        raise SystemExit(f"{len(failed)} requests failed: {failed[:3]}")
+    return {"nonce": client.run_nonce, "results": {k[0]: r for k, r in results.items()}, "cpu_s": cpu, "wall_s": wall}
+
+
+def engine_tokens(record: Path) -> dict:
+    """Per run nonce, per row: (output tokens generated, the loop's onset where the engine made it loop)."""
+    out: dict = {}
+    with open(record) as fh:
+        for line in fh:
+            r = json.loads(line)
+            if r.get("status") != 200 or not r.get("rid"):
+                continue
+            (row, _, _), nonce, _ = parse_rid(r["rid"])
+            loop = r.get("loop")
+            out.setdefault(nonce, {})[row] = (len(r["output_ids"]), None if loop is None else int(loop["onset"]))
+    return out
+
+
+def check_exact(whole: dict, live: dict, looping: set) -> list[str]:
+    """What in the live run is not what the whole run says it must be."""
+    problems = []
+    for row, w in whole.items():
+        got = live[row]
+        if row in looping:
+            if got["output_ids"] != w["output_ids"][: len(got["output_ids"])]:
+                problems.append(f"{row}: the stopped ids are not a prefix of the whole run's")
+        elif got["finish_type"] == LOOP_FINISH or got["output_ids"] != w["output_ids"]:
+            problems.append(f"{row}: a loop-free request ended otherwise than in the whole run ({got['finish_type']})")
+    return problems
+
+
+def figures(runs: dict, tokens: dict) -> dict:
+    out = {}
+    for name, run in runs.items():
+        spent = tokens[run["nonce"]]
+        received = sum(len(r["output_ids"]) for r in run["results"].values())
+        n = len(run["results"])
+        out[name] = {
+            "gpu_tokens_looping": sum(t for t, onset in spent.values() if onset is not None),
+            "gpu_tokens_in_loops": sum(max(0, t - onset) for t, onset in spent.values() if onset is not None),
+            "gpu_tokens_loop_free": sum(t for t, onset in spent.values() if onset is None),
+            "stopped_as_loop": sum(r["finish_type"] == LOOP_FINISH for r in run["results"].values()),
+            "tokens_received": received,
+            "cpu_ms_per_request": round(1000 * run["cpu_s"] / n, 2),
+            "cpu_ms_per_1k_tokens": round(1000 * run["cpu_s"] / max(received, 1) * 1000, 3),
+            "wall_s": round(run["wall_s"], 1),
+        }
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    from transformers import AutoTokenizer
+
+    from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir
+
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = [int(c) for c in args.cores.split(",")] if args.cores else (allowed * 2)[:2]
+    os.sched_setaffinity(0, {cores[1]})
+    tok_dir = qwen3_tokenizer_dir()
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+    reqs = requests(tokenizer, args.requests, args.budget)
+    template = RequestTemplate(
+        sampling={"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0},
+        stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>")],
+        vocab_size=len(tokenizer),
+    )
+    loop = LoopSettings(max_period=64)
+    clients = {
+        "whole": None,
+        "live": LiveStop(loop=loop, stream_interval=args.stream_interval),
+        "stream": LiveStop(loop=LoopSettings(max_period=1), stream_interval=args.stream_interval),
+    }
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="live_stop-") as tmp:
+        record, port = Path(tmp) / "record.jsonl", free_port()
+        env_path = os.environ.get("PYTHONPATH", "")
+        os.environ["PYTHONPATH"] = str(ROOT / "scripts") + (os.pathsep + env_path if env_path else "")
+        cmd = engine_command(args, tok_dir, port, record, cores[0])
+        with ManagedServer(cmd, port=port, log_path=Path(tmp) / "engine.log") as url:
+            runs = {}
+            for name, live in clients.items():
+                runs[name] = run_client(url, template, reqs, args.concurrency, live)
+                print(f"{name}: {runs[name]['wall_s']:.1f} s", flush=True)
+        tokens = engine_tokens(record)
+    looping = {row for row, (_, onset) in tokens[runs["whole"]["nonce"]].items() if onset is not None}
+    problems = check_exact(runs["whole"]["results"], runs["live"]["results"], looping)
+    problems += check_exact(runs["whole"]["results"], runs["stream"]["results"], set())
+    out = figures(runs, tokens)
+    saved = 1 - out["live"]["gpu_tokens_looping"] / max(out["whole"]["gpu_tokens_looping"], 1)
+    saved_in_loops = 1 - out["live"]["gpu_tokens_in_loops"] / max(out["whole"]["gpu_tokens_in_loops"], 1)
+    summary = {
+        "requests": args.requests,
+        "looping_requests": len(looping),
+        "budget": args.budget,
+        "loop_settings": loop.to_json(),
+        "stream_interval": args.stream_interval,
+        "saved_in_loops": round(saved_in_loops, 4),
+        "saved_on_looping_requests": round(saved, 4),
+        "loop_free_stopped": sum(
+            runs["live"]["results"][row]["finish_type"] == LOOP_FINISH
+            for row in runs["whole"]["results"]
+            if row not in looping
+        ),
+        "cpu_stream_over_whole": round(out["stream"]["cpu_ms_per_request"] / out["whole"]["cpu_ms_per_request"], 2),
+        "cpu_live_over_whole": round(out["live"]["cpu_ms_per_request"] / out["whole"]["cpu_ms_per_request"], 2),
+        "runs": out,
+        "problems": problems,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
+    print(json.dumps(summary, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    if problems:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,251 @@
+"""Streamed /generate answers and the live loop stop: a request's output read chunk by chunk as the
+server generates it, watched for a repetition loop, and stopped on the server the moment it ends in one.
+
+The stream (SGLang 0.5.23, `"stream": true`): server-sent events `data: {json}\\n\\n`, then
+`data: [DONE]\\n\\n` (http_server.py `stream_results`). With the server's
+`--incremental-streaming-output` each chunk holds only the `output_ids` and `text` new since the
+chunk before (tokenizer_manager.py `_handle_batch_output`, queued chunks joined by
+`_coalesce_streaming_chunks`), every `stream_interval` tokens after the first; the last one holds
+`meta_info.finish_reason` and the answer's counts. Without that flag every chunk repeats the whole
+output so far (quadratic in the output's length): the client never streams from such a server
+(`server_info.streams_incrementally`).
+
+The stop: after each chunk the ids so far go to a `quality.loops.LiveLoopWatch`; when it reports a
+loop, `POST /abort_request {"rid"}` goes to the same server and the stream is read on to its end.
+The abort's last chunk (`_handle_abort_req`) has finish_reason `abort`, `completion_tokens` = every
+token generated, and, incrementally, `output_ids` = [the last token again] and `text` = the whole
+text: only the ids that chunk adds to reach `completion_tokens` are taken (none, unless chunks
+queued before the abort were joined into it), so the row's ids are exactly the tokens generated, in
+order. Such a row is ok, with finish_type `loop` (`quality.flags.LOOP_FINISH`).
+
+A stream that ends by itself (stop or length, even after an abort that came too late) gives the
+fields the non-streamed answer gives (`answers.parse_response` on its ids and last meta_info). An
+error chunk, an abort the client did not ask for, or a stream cut short is a RetryableError or
+FinalError as for a non-streamed answer.
+
+Imports `answers` and `quality.loops`.
+"""
+
+import logging
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+from yarl import URL
+
+from eagle3_datagen.generation.answers import (
+    RETRYABLE_STATUS,
+    FinalError,
+    RetryableError,
+    check_ids,
+    check_length,
+    interpret,
+    parse_response,
+)
+from eagle3_datagen.generation.requests import Request
+from eagle3_datagen.quality.flags import LOOP_FINISH
+from eagle3_datagen.quality.loops import LiveLoopWatch, Loop, LoopSettings
+
+log = logging.getLogger(__name__)
+
+_EVENT_END = b"\n\n"
+_DONE = b"[DONE]"
+
+
+@dataclass(frozen=True)
+class LiveStop:
+    """How the client stops loops while they are generated (config `quality`)."""
+
+    loop: LoopSettings
+    stream_interval: int
+
+    @classmethod
+    def from_quality(cls, quality) -> "LiveStop | None":
+        """From `quality.flags.QualitySettings`; None where loops are not stopped live."""
+        if not quality.stops_loops_live:
+            return None
+        return cls(loop=quality.loop, stream_interval=int(quality.stream_interval))
+
+
+def _events(buf: bytearray, start: int):
+    """The complete events in `buf` (searched from `start`), as their `data` bytes; and where the
+    first incomplete one begins."""
+    pos = 0
+    out = []
+    while True:
+        end = buf.find(_EVENT_END, max(pos, start))
+        if end < 0:
+            return out, pos
+        data = []
+        for line in bytes(buf[pos:end]).split(b"\n"):
+            if line.startswith(b"data:"):
+                data.append(line[6:] if line[5:6] == b" " else line[5:])
+        if data:
+            out.append(b"\n".join(data))
+        pos = end + len(_EVENT_END)
+
+
+class StreamedAnswer:
+    """One streamed answer being read: its ids and text so far, the loop watch, and how it ended."""
+
+    def __init__(self, req: Request, vocab_size: int, live: LiveStop | None):
+        self.req = req
+        self.vocab_size = vocab_size
+        self.ids: list[int] = []
+        self.pieces: list[str] = []
+        self.watch = LiveLoopWatch(live.loop) if live is not None else None
+        self.loop: Loop | None = None  # the loop found, once the abort is sent
+        self.last: dict | None = None  # the chunk with a finish_reason
+        self.done = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def chunk(self, data: bytes) -> Loop | None:
+        """Take one event's data; the loop, the first time the output so far ends in one."""
+        if data == _DONE:
+            self.done = True
+            return None
+        try:
+            out = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise RetryableError(f"malformed stream chunk: invalid JSON: {data[:200]!r}") from None
+        if not isinstance(out, dict):
+            raise RetryableError(f"malformed stream chunk: expected an object, got {type(out).__name__}")
+        if "error" in out:
+            raise _chunk_error(out["error"])
+        if self.last is not None:
+            raise RetryableError("malformed stream: a chunk after the last one")
+        delta = out.get("output_ids")
+        meta = out.get("meta_info")
+        check_ids(delta, self.vocab_size)
+        finish = meta.get("finish_reason") if isinstance(meta, dict) else None
+        if isinstance(finish, dict):
+            self.last = out
+            if finish.get("type") == "abort":
+                return self._aborted(out, delta, meta, finish)
+        self.ids += delta
+        text = out.get("text")
+        if isinstance(text, str):
+            self.pieces.append(text)
+        if self.watch is not None and self.loop is None and self.last is None:
+            return self.watch.feed(delta)
+        return None
+
+    def _aborted(self, out: dict, delta: list, meta: dict, finish: dict) -> None:
+        """The abort's last chunk: only the ids it adds to reach `completion_tokens` are taken."""
+        status = finish.get("status_code")
+        if status is not None or self.loop is None:
+            raise _abort_error(finish)
+        total = meta.get("completion_tokens")
+        extra = total - len(self.ids) if isinstance(total, int) else -1
+        if not 0 <= extra <= len(delta):
+            raise RetryableError(
+                f"malformed stream: the abort's last chunk says {total} tokens were generated, but "
+                f"{len(self.ids)} came before it and it holds {len(delta)}"
+            )
+        if extra:
+            self.ids += delta[:extra]
+            text = out.get("text")
+            if isinstance(text, str):  # the whole text when the chunk repeats the last id, else new text
+                self.pieces = [text] if extra < len(delta) and text.startswith(self.text) else [*self.pieces, text]
+        return None
+
+    def result(self) -> dict:
+        """The answer's result fields (`parse_response`'s), once the stream has ended."""
+        if self.last is None:
+            raise RetryableError(f"stream cut short after {len(self.ids)} tokens, before its last chunk")
+        meta = self.last["meta_info"]
+        if meta["finish_reason"].get("type") != "abort":
+            return parse_response({"output_ids": self.ids, "meta_info": meta}, self.req, self.vocab_size)
+        check_length(self.ids, self.req)
+        return {
+            "output_ids": self.ids,
+            "finish_type": LOOP_FINISH,
+            "finish_matched": "",
+            "completion_tokens": len(self.ids),
+            "cached_tokens": int(meta.get("cached_tokens", 0) or 0),
+            "e2e_latency": float(meta.get("e2e_latency", 0.0) or 0.0),
+            "num_retractions": int(meta.get("num_retractions", 0) or 0),
+            "queue_time": float(meta.get("queue_time", 0.0) or 0.0),
+        }
+
+    def text_answer(self) -> bytes:
+        """The answer's text as a non-streamed answer holds it (`identity.answer_text` reads it)."""
+        return orjson.dumps({"text": self.text})
+
+
+def answer_fields(status: int, raw: "bytes | StreamedAnswer", req: Request, vocab_size: int) -> tuple[dict, bytes]:
+    """(the result fields, the answer's bytes for `identity.AnswerCheck`) of a streamed answer or of
+    a non-streamed one (`answers.interpret`)."""
+    if isinstance(raw, StreamedAnswer):
+        return raw.result(), raw.text_answer()
+    return interpret(status, raw, req, vocab_size), raw
+
+
+def _chunk_error(error) -> Exception:
+    """An `{"error": ...}` chunk (a ValueError in `stream_results`, 0.5.23: code 400 unless it says)."""
+    message = error.get("message", error) if isinstance(error, dict) else error
+    code = error.get("code", 400) if isinstance(error, dict) else 400
+    text = f"stream error {code}: {message}"
+    return RetryableError(text) if code in RETRYABLE_STATUS else FinalError(text)
+
+
+def _abort_error(finish: dict) -> Exception:
+    """An abort the client did not ask for: a status_code of 400 (a bad request) is final, as the
+    non-streamed answer's HTTP 400; any other abort is retried."""
+    status = finish.get("status_code")
+    message = f"aborted by the server: {finish.get('message')}"
+    if status is not None and status not in RETRYABLE_STATUS and 400 <= status < 500:
+        return FinalError(f"HTTP {status}: {finish.get('message')}")
+    return RetryableError(message)
+
+
+async def read_stream(
+    resp: aiohttp.ClientResponse,
+    answer: StreamedAnswer,
+    abort,
+) -> StreamedAnswer:
+    """Read a streamed answer to its end; on a loop, `await abort()` (once) and read on.
+
+    Bytes are buffered until an event is complete and each event is parsed once: the work is linear
+    in the answer, however it is cut into reads."""
+    buf = bytearray()
+    start = 0
+    async for data in resp.content.iter_any():
+        buf += data
+        events, consumed = _events(buf, start)
+        if consumed:
+            del buf[:consumed]
+        start = max(0, len(buf) - 1)
+        for event in events:
+            if answer.done:
+                break  # nothing follows [DONE]
+            loop = answer.chunk(event)
+            if loop is not None:
+                answer.loop = loop
+                await abort(loop)
+    return answer
+
+
+async def post_streamed(
+    session: aiohttp.ClientSession, url: URL, body: bytes, answer: StreamedAnswer, rid: str
+) -> tuple[int, "bytes | StreamedAnswer"]:
+    """POST a streamed request to `url` (a server's /generate): (status, the answer read to its end),
+    or (status, the body) of an answer that is not a stream (an HTTP error). A loop is stopped by
+    `POST /abort_request` on the same server; an abort that fails leaves the request to run to its end."""
+
+    async def abort(loop: Loop) -> None:
+        log.debug("%s: stopping a loop: %s", rid, loop.describe())
+        try:
+            async with session.post(url.parent / "abort_request", data=orjson.dumps({"rid": rid})) as resp:
+                if resp.status != 200:
+                    log.warning("%s: /abort_request answered HTTP %d: %s", rid, resp.status, (await resp.read())[:200])
+        except aiohttp.ClientError as exc:
+            log.warning("%s: /abort_request failed (%s: %s); the request runs to its end", rid, type(exc).__name__, exc)
+
+    async with session.post(url, data=body) as resp:
+        if resp.status != 200:
+            return resp.status, await resp.read()
+        return resp.status, await read_stream(resp, answer, abort)
