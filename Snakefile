@@ -35,5 +35,6 @@ rule all:
         P["verdicts_png"],
         P["token_share_png"],
         P["finish_reasons_png"],
+        P["quality_png"],
         P["load_summary"],
         P["load_png"],

@@ -27,6 +27,7 @@ rule pilot_generate:
         cache_dir=get_param("cache_dir"),
         pilot=get_param("pilot"),
         seed=get_param("seed"),
+        quality=get_param("quality"),
     script:
         "../scripts/pilot_generate.py"
 
@@ -55,6 +56,7 @@ rule project_pilot:
         "../envs/pipeline.yaml"
     params:
         categories=CATEGORIES,
+        quality=get_param("quality"),
     script:
         "../scripts/project_pilot.py"
 

@@ -72,6 +72,29 @@ rule plot_checks:
         "../scripts/plot_checks.py"
 
 
+rule plot_quality:
+    input:
+        summary=P["summary"],
+        turns_summary=P["turns_summary"],
+    output:
+        quality_png=report(
+            P["quality_png"],
+            caption="../report/quality.rst",
+            category="Figures",
+        ),
+    log:
+        "logs/plot_quality.log",
+    benchmark:
+        "benchmarks/plot_quality.tsv"
+    localrule: True
+    conda:
+        "../envs/pipeline.yaml"
+    params:
+        quality=get_param("quality"),
+    script:
+        "../scripts/plot_quality.py"
+
+
 rule plot_load:
     input:
         generations=expand(P["generations"], category=CATEGORIES),

@@ -11,10 +11,19 @@ from conftest import conversations
 from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 from eagle3_datagen.engine.server.faults import Faults
 from eagle3_datagen.generation.requests import parse_rid
+from eagle3_datagen.quality.flags import CODES, LOOP_FINISH, QualityFacts, QualitySettings
+from eagle3_datagen.quality.loops import LoopSettings
 from eagle3_datagen.settings import defaults
 from eagle3_datagen.steps.generate import generate
-from eagle3_datagen.steps.pilot import pilot_generate, project, project_pilot, sample_keys
-from eagle3_datagen.storage.tables import read_rows
+from eagle3_datagen.steps.pilot import (
+    pilot_generate,
+    project,
+    project_pilot,
+    row_quality,
+    sample_keys,
+    wilson_interval,
+)
+from eagle3_datagen.storage.tables import GENERATIONS_SCHEMA, TableWriter, read_rows
 from engine_thread import running_engine
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
@@ -114,8 +123,121 @@ def test_the_projection_meets_the_full_run_and_the_pilot_is_not_paid_twice(
     assert abs(len(sent) - row["requests"]) <= row["requests_ci95"], (len(sent), row)
     assert 0 < row["output_tokens_ci95"] < 0.5 * row["output_tokens"]  # a real interval, not a blank cheque
     assert row["server_hours"] > 0 and row["gpu_hours"] is None  # an external server: its GPUs are not known
+    # Whichever way the pilot ran, stopping loops live costs no more than what it made, and not stopping them no less.
+    assert row["output_tokens_live_stop"] <= row["output_tokens"] <= row["output_tokens_no_live_stop"]
+    assert row["pilot_rows"] == sum(r["status"] == "ok" for r in read_rows(tmp_path / "pilot" / "cat.parquet"))
+    for code in CODES:
+        assert row[f"{code}_low"] <= row[f"{code}_share"] <= row[f"{code}_high"], code
     table = (tmp_path / "projection.tsv").read_text().splitlines()
     assert table[0].split("\t")[:4] == ["category", "conversations", "sampled", "requests"] and table[-1].startswith(
         "total"
     )
     assert (tmp_path / "projection.png").stat().st_size > 0
+
+
+def test_the_wilson_interval_meets_its_formula_and_its_edges():
+    z = 1.96
+    # 0 of n: [0, z²/(n+z²)]; n of n: [n/(n+z²), 1] (the score interval's closed forms at the edges).
+    assert wilson_interval(0, 10) == (0.0, pytest.approx(z * z / (10 + z * z)))
+    assert wilson_interval(10, 10) == (pytest.approx(10 / (10 + z * z)), 1.0)
+    # 5 of 10: symmetric about 1/2, half-width z/(1+z²/n)·sqrt(p(1-p)/n + z²/4n²).
+    half = z / (1 + z * z / 10) * math.sqrt(0.25 / 10 + z * z / 400)
+    low, high = wilson_interval(5, 10)
+    assert (low, high) == (pytest.approx(0.5 - half), pytest.approx(0.5 + half))
+    assert 0.23 < low < 0.24 and 0.76 < high < 0.77  # the published 0.2366-0.7634
+    # It narrows with n, always holds the share, and says nothing is known of an empty sample.
+    assert wilson_interval(50, 100)[1] - wilson_interval(50, 100)[0] < high - low
+    for k, n in ((1, 7), (3, 40), (39, 40)):
+        lo, hi = wilson_interval(k, n)
+        assert 0.0 <= lo < k / n < hi <= 1.0
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    assert wilson_interval(3, 40, z=2.576)[0] < wilson_interval(3, 40)[0]  # 99 % is wider
+    for bad in ((-1, 5), (6, 5), (0, -1)):
+        with pytest.raises(ValueError):
+            wilson_interval(*bad)
+
+
+# Kimi-shaped ids: the generation prompt opens the reasoning; a turn ends with <|im_end|>, and the
+# server also stops on an [EOS] that is no turn end.
+THINK, END_THINK, IM_END, EOS, SPACE = 163606, 163607, 163586, 163585, 220
+TOKEN_FACTS = {
+    "stop_token_ids": [IM_END],
+    "stop_set": {"ids": [IM_END, EOS]},
+    "reasoning_start_id": THINK,
+    "reasoning_end_id": END_THINK,
+    "whitespace_ids": [SPACE],
+}
+PROMPT = [1000, 1001, THINK]
+
+
+def pilot_rows(stream_interval):
+    """One conversation per case: (row, output tokens with the live loop stop, without it, flag codes)."""
+    onset, period = 10, 3  # a loop of period 3 from output token 10: detected at 10 + need(3) tokens
+    need = LoopSettings().need(period)
+    cases = [
+        ([50, 51, END_THINK, 60, 61, IM_END], "stop", 64, None, None, []),
+        (list(range(100, 100 + onset)) + [1, 2, 3] * 130, "length", 400, onset + need + stream_interval, 400,
+         ["repetition_loop", "unfinished_reasoning"]),
+        (list(range(200, 220)) + [7, 8] * 140, LOOP_FINISH, 1000, None, 1000,
+         ["repetition_loop", "unfinished_reasoning"]),
+        ([50, END_THINK, SPACE, IM_END], "stop", 64, None, None, ["empty_answer"]),
+        ([50, END_THINK, 60, EOS], "stop", 64, None, None, ["unexpected_stop"]),
+    ]  # fmt: skip
+    out = []
+    for i, (output, finish, budget, with_stop, without_stop, codes) in enumerate(cases):
+        row = {"id": f"c{i}", "sample_index": 0, "turn": 0, "category": "cat", "messages": "[]", "tools": "",
+               "prompt_ids": PROMPT, "output_ids": output, "finish_type": finish, "max_new_tokens": budget,
+               "status": "ok", "seed": i}  # fmt: skip
+        out.append((row, with_stop or len(output), without_stop or len(output), codes))
+    return out
+
+
+def test_each_row_has_its_flags_and_its_cost_with_and_without_the_live_stop():
+    quality = QualitySettings.from_config({"stream_interval": 16})
+    facts = QualityFacts.from_token_facts(TOKEN_FACTS)
+    for row, with_stop, without_stop, codes in pilot_rows(16):
+        assert row_quality(row, facts, quality) == (codes, with_stop, without_stop), row["id"]
+    # A loop seen near the end of its answer costs no more than the answer did.
+    row = pilot_rows(16)[1][0] | {"output_ids": list(range(100, 110)) + [1, 2, 3] * 88}
+    assert row_quality(row, facts, quality)[1:] == (274, 274)
+
+
+def test_the_projection_gives_the_flags_shares_and_the_hours_with_and_without_the_live_stop(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    cases = pilot_rows(16)
+    generations = tmp_path / "pilot" / "cat.parquet"
+    with TableWriter(generations, GENERATIONS_SCHEMA) as writer:
+        writer.write(row for row, *_ in cases)
+        writer.close({"prompts": TOKEN_FACTS})
+    # 1/3.6 output tokens a second on 2 GPUs: a GPU-hour per 500 tokens.
+    run = {"usable_conversations": len(cases), "client": {"output_tokens": 1, "elapsed_s": 3.6, "concurrency": 8},
+           "server_gpus": 2, "journal_bytes": 0}  # fmt: skip
+    (tmp_path / "pilot" / "cat.json").write_text(json.dumps(run))
+    [row] = project_pilot(
+        categories=["cat"],
+        pilot_generations=[generations],
+        pilot_run=[tmp_path / "pilot" / "cat.json"],
+        projection=tmp_path / "projection.tsv",
+        projection_png=tmp_path / "projection.png",
+        quality={"stream_interval": 16},
+    )
+    with_stop, without_stop = (sum(case[k] for case in cases) for k in (1, 2))
+    assert row["output_tokens_live_stop"] == with_stop and row["output_tokens_no_live_stop"] == without_stop
+    assert row["gpu_hours_live_stop"] == pytest.approx(with_stop / 500, abs=1e-3)
+    assert row["gpu_hours_no_live_stop"] == pytest.approx(without_stop / 500, abs=1e-3)
+    assert row["gpu_hours"] == pytest.approx(row["output_tokens"] / 500, abs=1e-3)  # the same conversion
+    assert row["gpu_hours_live_stop"] < row["gpu_hours"] < row["gpu_hours_no_live_stop"]  # the pilot ran half and half
+    assert row["pilot_rows"] == len(cases)
+    for code in CODES:
+        k = sum(code in case[3] for case in cases)
+        assert row[f"{code}_rows"] == k and row[f"{code}_share"] == pytest.approx(k / len(cases))
+        low, high = wilson_interval(k, len(cases))
+        assert (row[f"{code}_low"], row[f"{code}_high"]) == (
+            pytest.approx(low, abs=1e-4),
+            pytest.approx(high, abs=1e-4),
+        )
+    header, cat, total = (line.split("\t") for line in (tmp_path / "projection.tsv").read_text().splitlines())
+    table = {name: (a, b) for name, a, b in zip(header, cat, total)}
+    assert table["repetition_loop_share"][0] == table["repetition_loop_share"][1] == str(row["repetition_loop_share"])
+    assert table["gpu_hours_no_live_stop"][1] == str(row["gpu_hours_no_live_stop"])
+    assert "cat quality flags among 5 pilot rows: repetition_loop 2 (40.0 %" in caplog.text

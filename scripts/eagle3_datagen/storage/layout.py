@@ -36,6 +36,7 @@ PATHS = {
     "vocab_mapping": "results/vocab/vocab_mapping.pt",
     "d2t": "results/vocab/d2t.npy",
     "t2d": "results/vocab/t2d.npy",
+    "vocab_provenance": "results/vocab/provenance.json",
     # summarize, plot_checks
     "summary": "results/summary.tsv",
     "turns_summary": "results/turns.tsv",
@@ -44,6 +45,8 @@ PATHS = {
     "verdicts_png": "results/plots/verdicts.png",
     "token_share_png": "results/plots/token_share.png",
     "finish_reasons_png": "results/plots/finish_reasons.png",
+    # plot_quality
+    "quality_png": "results/plots/quality.png",
     # plot_load
     "load_summary": "results/load.tsv",
     "load_png": "results/plots/load.png",

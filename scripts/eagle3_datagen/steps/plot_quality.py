@@ -1,0 +1,125 @@
+"""Step plot_quality: the quality gate in the report, drawn from the summary and turns tables.
+
+Per category, the rows each flag code marked (`quality.flags.CODES`), split into those kept in the
+dataset and those quarantined (left out, in `results/rejected/`); per turn index, the share of the
+generated rows (status ok or filtered) each code marked, all categories together. The tables are
+summarize's: `flag_<code>` (rows flagged with the code, kept or quarantined) and `quarantined_<code>`
+(those of them left out) per category row of the summary, `flag_<code>` per row of the turns table.
+A panel with nothing flagged says so in a sentence.
+"""
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from eagle3_datagen.figures import _pyplot, _save
+from eagle3_datagen.quality.flags import CODES, QualitySettings
+
+log = logging.getLogger(__name__)
+
+# Rows of the turns table that were generated (flags are read from output ids: only these have one).
+GENERATED = ("ok", "filtered")
+NOTHING_FLAGGED = "No row was flagged by the quality gate ({}): nothing to draw."
+
+
+def _require(frame: pd.DataFrame, columns: list[str], table: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{table} lacks the quality columns {missing} (summarize writes them): rerun summarize")
+
+
+def flags_by_category(summary: pd.DataFrame) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per category (the total row aside): per code, (rows flagged and kept, rows flagged and quarantined)."""
+    _require(summary, [f"{p}_{code}" for code in CODES for p in ("flag", "quarantined")], "the summary table")
+    out = {}
+    for _, row in summary[summary["category"] != "total"].iterrows():
+        out[str(row["category"])] = {
+            code: (int(row[f"flag_{code}"]) - int(row[f"quarantined_{code}"]), int(row[f"quarantined_{code}"]))
+            for code in CODES
+        }
+    return out
+
+
+def flag_shares_by_turn(turns: pd.DataFrame) -> tuple[list[int], dict[str, list[float]]]:
+    """(turn indices with generated rows, per code the share of each turn's generated rows it flagged)."""
+    _require(turns, ["turn", "rows", *(f"flag_{code}" for code in CODES)], "the turns table")
+    generated = turns[turns["status"].isin(GENERATED)] if "status" in turns.columns else turns
+    by_turn = generated.groupby("turn")[["rows", *(f"flag_{code}" for code in CODES)]].sum()
+    by_turn = by_turn[by_turn["rows"] > 0].sort_index()
+    index = [int(t) for t in by_turn.index]
+    return index, {code: [float(v) for v in by_turn[f"flag_{code}"] / by_turn["rows"]] for code in CODES}
+
+
+def _nothing(ax, title: str) -> None:
+    ax.set_title(title)
+    ax.text(0.5, 0.5, NOTHING_FLAGGED.format(", ".join(CODES)), ha="center", va="center", wrap=True)
+    ax.set_axis_off()
+
+
+def _outside_legend(ax) -> None:
+    """The legend beside the axes, right of the data, never over a bar."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def _draw_categories(ax, per_category: dict, policies: dict, colours: dict) -> None:
+    title = "Rows flagged per category (solid: kept in the dataset; hatched: quarantined, left out)"
+    categories = sorted(per_category)
+    codes = [c for c in CODES if any(sum(per_category[cat][c]) for cat in categories)]
+    if not codes:
+        _nothing(ax, title)
+        return
+    width = 0.8 / len(codes)
+    for n, code in enumerate(codes):
+        x = [i + (n - (len(codes) - 1) / 2) * width for i in range(len(categories))]
+        kept = [per_category[cat][code][0] for cat in categories]
+        quarantined = [per_category[cat][code][1] for cat in categories]
+        policy = policies.get(code, "?")
+        ax.bar(x, kept, width, color=colours[code], label=f"{code} kept (policy {policy})")
+        ax.bar(x, quarantined, width, bottom=kept, color=colours[code], alpha=0.45, hatch="//",
+               edgecolor="black", linewidth=0.4, label=f"{code} quarantined (policy {policy})")  # fmt: skip
+    ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
+    ax.set_ylabel("rows")
+    ax.set_title(title)
+    _outside_legend(ax)
+
+
+def _draw_turns(ax, turns: list[int], shares: dict, colours: dict) -> None:
+    title = "Share of generated rows flagged, by turn index (all categories)"
+    codes = [c for c in CODES if any(shares[c])]
+    if not codes:
+        _nothing(ax, title)
+        return
+    width = 0.8 / len(codes)
+    for n, code in enumerate(codes):
+        x = [t + (n - (len(codes) - 1) / 2) * width for t in turns]
+        ax.bar(x, shares[code], width, color=colours[code], label=code)
+    ax.set_xticks(turns, [str(t) for t in turns])
+    ax.set_xlabel("turn index")
+    ax.set_ylabel("share of the turn's generated rows")
+    ax.set_title(title)
+    _outside_legend(ax)
+
+
+def draw_quality(summary: pd.DataFrame, turns: pd.DataFrame, policies: dict):
+    """The quality figure (unsaved): flags per category, kept against quarantined, and per turn."""
+    plt = _pyplot()
+    per_category = flags_by_category(summary)
+    turn_index, shares = flag_shares_by_turn(turns)
+    colours = {code: f"C{i}" for i, code in enumerate(CODES)}
+    fig, axes = plt.subplots(2, 1, figsize=(11, 8))
+    _draw_categories(axes[0], per_category, policies, colours)
+    _draw_turns(axes[1], turn_index, shares, colours)
+    return fig
+
+
+def plot_quality(*, summary: Path, turns_summary: Path, quality_png: Path, quality: dict | None = None) -> None:
+    """Draw the quality gate's flags per category (kept, quarantined) and per turn index."""
+    policies = QualitySettings.from_config(quality).policies
+    summary_frame = pd.read_csv(summary, sep="\t")
+    turns_frame = pd.read_csv(turns_summary, sep="\t")
+    _save(draw_quality(summary_frame, turns_frame, policies), quality_png)
+    flagged = {
+        code: int(summary_frame.loc[summary_frame["category"] != "total", f"flag_{code}"].sum()) for code in CODES
+    }
+    log.info("rows flagged per code (policies %s): %s", policies, flagged)
