@@ -16,6 +16,7 @@ rule export_dataset:
         "../envs/pipeline.yaml"
     params:
         export=get_param("export"),
+        quality=get_param("quality"),
         batch=get_param("batch"),
     script:
         "../scripts/export_dataset.py"
@@ -46,6 +47,7 @@ rule vocab_mapping:
         vocab_mapping=P["vocab_mapping"],
         d2t=P["d2t"],
         t2d=P["t2d"],
+        vocab_provenance=P["vocab_provenance"],
     log:
         "logs/vocab_mapping.log",
     benchmark:

@@ -11,8 +11,16 @@ were seen, in ascending order — speculators' rule (`build_vocab_mappings_from_
 Files: `vocab_mapping.pt` = `torch.save({"d2t": d2t, "t2d": t2d})` (SpecForge `model.vocab_mapping_path`);
 `token_freq.pt` = `torch.save(dict[int, int])` (speculators' `token_freq.pt`), `d2t.npy` and
 `t2d.npy` (speculators `--d2t-path`, `--t2d-path`).
+
+`provenance.json` beside them says what the mapping was built from: the sha256 of `train.jsonl`
+(taken in the same pass), its rows and loss tokens, the tokenizer's sha256 and length (from the
+prompts tables' provenance), the draft and target vocabulary sizes, `export.filters.max_length`, and
+the sha256 of each file written. A draft vocabulary counted on other data, or on another tokenizer's
+ids, trains a draft that rarely proposes what the target accepts, and nothing fails:
+`steps.vocab_check` refuses such a mapping by these records.
 """
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -27,8 +35,9 @@ log = logging.getLogger(__name__)
 FLUSH_TOKENS = 4_000_000
 
 
-def loss_token_counts(path: Path, vocab_size: int) -> tuple[np.ndarray, int]:
-    """(count per target id of the loss-masked tokens of a dataset JSONL file, rows read)."""
+def loss_token_counts(path: Path, vocab_size: int, digest=None) -> tuple[np.ndarray, int]:
+    """(count per target id of the loss-masked tokens of a dataset JSONL file, rows read); `digest`
+    (a hashlib object), when given, is fed every byte of the file on the way."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     held: list[np.ndarray] = []
     n_held = rows = 0
@@ -44,6 +53,8 @@ def loss_token_counts(path: Path, vocab_size: int) -> tuple[np.ndarray, int]:
 
     with open(path, "rb") as fh:
         for line in fh:
+            if digest is not None:
+                digest.update(line)
             if not line.strip():
                 continue
             row = orjson.loads(line)
@@ -86,6 +97,24 @@ def target_vocab_size(prompts: list[Path], export: dict) -> int:
     return sizes.pop()
 
 
+def prompts_tokenizer(prompts: list[Path]) -> dict:
+    """The tokenizer the categories were tokenized with: its sha256 and length (one for all of them)."""
+    records = [read_provenance(p) for p in prompts]
+    seen = {(r.get("tokenizer_sha256"), r.get("vocab_size")) for r in records}
+    if len(seen) != 1:
+        raise ValueError(f"the categories were tokenized with different tokenizers: {sorted(seen, key=str)}")
+    sha, size = seen.pop()
+    return {"tokenizer_sha256": sha, "tokenizer_vocab_size": size}
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def vocab_mapping(
     *,
     train: Path,
@@ -95,13 +124,16 @@ def vocab_mapping(
     d2t: Path,
     t2d: Path,
     export: dict,
+    vocab_provenance: Path | None = None,
 ) -> dict:
-    """Count train.jsonl's loss tokens once and write the frequencies and the draft vocabulary."""
+    """Count train.jsonl's loss tokens once and write the frequencies, the draft vocabulary and what
+    they were built from (`vocab_provenance`)."""
     import torch
 
     size = target_vocab_size(prompts, export)
     draft = int(export.get("draft_vocab_size", 32000))
-    counts, rows = loss_token_counts(train, size)
+    digest = hashlib.sha256()
+    counts, rows = loss_token_counts(train, size, digest)
     d2t_array, t2d_array = draft_vocabulary(counts, draft)
     token_freq.parent.mkdir(parents=True, exist_ok=True)
     nonzero = np.flatnonzero(counts)
@@ -119,4 +151,13 @@ def vocab_mapping(
         "loss_tokens_in_draft_vocab": round(covered / max(int(counts.sum()), 1), 6),
     }
     log.info("%s", json.dumps(summary))
+    if vocab_provenance is not None:
+        record = {
+            "train": {"path": str(train), "sha256": digest.hexdigest(), "bytes": train.stat().st_size},
+            **summary,
+            **prompts_tokenizer(prompts),
+            "max_length": (export.get("filters") or {}).get("max_length"),
+            "files": {p.name: file_sha256(p) for p in (token_freq, vocab_mapping, d2t, t2d)},
+        }
+        vocab_provenance.write_text(json.dumps(record, indent=2) + "\n")
     return summary

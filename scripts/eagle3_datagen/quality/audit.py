@@ -1,0 +1,151 @@
+"""The audit of a trainer row made elsewhere: its raw-token checks and its flags, read from ids only.
+
+A trainer row is `{"input_ids", "loss_mask", ...}` (SpecForge's pre-tokenized rows, speculators'
+`prepare_data`, this pipeline's `results/dataset/`). Its loss spans (maximal runs of `loss_mask` 1)
+are its assistant outputs, the tokens before each span that output's prompt. Every span is judged by
+`flags.row_flags` as if generated: `stop` where it ends on a stop id (`QualityFacts.stop_ids`), else
+`length`. A chat template renders a newline after the turn end (Qwen3's `<|im_end|>\\n`, which
+speculators' rows keep under the loss), so a span whose stop id is followed only by whitespace ids
+ends on that stop; the whitespace after it is no part of the output that is judged.
+
+Raw checks, each a code of its own beside `flags.CODES`:
+
+- `unreadable_row`: the line is not JSON, not an object, or has no list of integer `input_ids`;
+- `id_out_of_vocab`: an id outside `0 <= id < vocab_size`;
+- `missing_loss_mask`, `mask_length_mismatch`, `mask_not_binary` (values other than 0/1),
+  `no_loss_tokens`: the mask cannot say what is trained (then no span is judged);
+- `span_without_stop`: a loss span that ends on no stop id (the output was cut).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from eagle3_datagen.quality.flags import CODES, Flag, QualityFacts, row_flags
+from eagle3_datagen.quality.loops import LoopSettings
+
+RAW_CODES = (
+    "unreadable_row",
+    "id_out_of_vocab",
+    "missing_loss_mask",
+    "mask_length_mismatch",
+    "mask_not_binary",
+    "no_loss_tokens",
+    "span_without_stop",
+)
+AUDIT_CODES = RAW_CODES + CODES
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """What a row is audited against: the tokenizer's facts, the loop detector, the vocabulary size."""
+
+    facts: QualityFacts
+    loop: LoopSettings
+    vocab_size: int
+
+
+def loss_spans(mask: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each maximal run of 1 in a 0/1 mask, in order."""
+    edges = np.diff(np.concatenate(([0], mask.astype(np.int8), [0])))
+    starts = np.flatnonzero(edges == 1)
+    ends = np.flatnonzero(edges == -1)
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
+def output_end(ids: np.ndarray, start: int, end: int, facts: QualityFacts) -> int | None:
+    """Where the output of span `ids[start:end]` ends (after its stop id), or None: it ends on no stop.
+
+    The span's last id is a stop, or its last non-whitespace id is (the chat template's newline)."""
+    i = end - 1
+    while i >= start and int(ids[i]) in facts.whitespace_ids and int(ids[i]) not in facts.stop_ids:
+        i -= 1
+    if i >= start and int(ids[i]) in facts.stop_ids:
+        return i + 1
+    return None
+
+
+def _int_array(value, kinds: str = "iu") -> np.ndarray | None:
+    """The value as an int64 array, or None where it is not a (possibly empty) list of integers
+    (`kinds`: the numpy kinds accepted; a mask may be JSON booleans)."""
+    if not isinstance(value, list):
+        return None
+    if not value:
+        return np.zeros(0, dtype=np.int64)
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError):
+        return None
+    if array.ndim != 1 or array.dtype.kind not in kinds:
+        return None
+    return array.astype(np.int64)
+
+
+def _vocab_flag(ids: np.ndarray, vocab_size: int) -> Flag | None:
+    outside = np.flatnonzero((ids < 0) | (ids >= vocab_size))
+    if not outside.size:
+        return None
+    first = int(outside[0])
+    return Flag(
+        "id_out_of_vocab",
+        f"{outside.size} ids outside 0..{vocab_size - 1}, the first {int(ids[first])} at position {first}",
+    )
+
+
+def _mask_flags(mask_value, n_ids: int) -> tuple[np.ndarray | None, list[Flag]]:
+    """(the mask, when spans can be read from it; the flags against it)."""
+    if mask_value is None:
+        return None, [Flag("missing_loss_mask", "the row has no loss_mask")]
+    mask = _int_array(mask_value, "iub")
+    if mask is None:
+        return None, [Flag("mask_not_binary", "loss_mask is not a list of integers")]
+    flags = []
+    if mask.size != n_ids:
+        flags.append(Flag("mask_length_mismatch", f"loss_mask has {mask.size} values for {n_ids} input_ids"))
+    odd = np.unique(mask[(mask != 0) & (mask != 1)])
+    if odd.size:
+        flags.append(Flag("mask_not_binary", f"loss_mask holds values other than 0 and 1: {odd[:5].tolist()}"))
+    if flags:
+        return None, flags
+    if not mask.any():
+        return None, [Flag("no_loss_tokens", f"no loss token among {n_ids} tokens")]
+    return mask, []
+
+
+def span_flags(ids: np.ndarray, mask: np.ndarray, settings: AuditSettings) -> list[Flag]:
+    """The flags of each loss span of a row, judged as a generated output after its prompt."""
+    spans = loss_spans(mask)
+    flags = []
+    for k, (start, end) in enumerate(spans, 1):
+        where = f"span {k}/{len(spans)} (tokens {start}-{end - 1})"
+        stop_end = output_end(ids, start, end, settings.facts)
+        if stop_end is None:
+            flags.append(Flag("span_without_stop", f"{where} ends on id {int(ids[end - 1])}, no stop id"))
+            finish, out_end = "length", end
+        else:
+            finish, out_end = "stop", stop_end
+        found = row_flags(ids[:start].tolist(), ids[start:out_end].tolist(), finish, settings.facts, settings.loop)
+        flags += [Flag(f.code, f"{where}: {f.detail}") for f in found]
+    return flags
+
+
+def audit_row(row, settings: AuditSettings) -> list[Flag]:
+    """Every flag of one parsed row (empty: nothing to say against it), raw checks first."""
+    if not isinstance(row, dict):
+        return [Flag("unreadable_row", f"the line is a JSON {type(row).__name__}, not an object")]
+    if "input_ids" not in row:
+        return [Flag("unreadable_row", "the row has no input_ids")]
+    ids = _int_array(row["input_ids"])
+    if ids is None:
+        return [Flag("unreadable_row", "input_ids is not a list of integers")]
+    if not ids.size:
+        return [Flag("unreadable_row", "input_ids is empty")]
+    flags = []
+    outside = _vocab_flag(ids, settings.vocab_size)
+    if outside is not None:
+        flags.append(outside)
+    mask, mask_flags = _mask_flags(row.get("loss_mask"), ids.size)
+    flags += mask_flags
+    if mask is not None:
+        flags += span_flags(ids, mask, settings)
+    return flags
