@@ -127,11 +127,12 @@ def plot_token_share(verdicts: dict, path: Path) -> None:
     _save(fig, path)
 
 
-FINISHES = ("stop", "length after </think>", "length, no </think>", "failed", "skipped")
+FINISHES = ("stop", "length after </think>", "length, no </think>", "loop stopped live", "failed", "skipped")
 
 
 def plot_finish_reasons(finishes: dict[str, tuple], path: Path) -> None:
-    """How answers ended: stop token, length cut after `</think>`, length cut inside the reasoning, failed."""
+    """How answers ended: stop token, length cut after `</think>`, length cut inside the reasoning,
+    stopped by the client as a loop, failed, skipped."""
     plt = _pyplot()
     categories = sorted(finishes)
     series = {n: [finishes[c][k] for c in categories] for k, n in enumerate(FINISHES)}

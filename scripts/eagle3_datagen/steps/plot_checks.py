@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3_datagen.figures import plot_finish_reasons, plot_token_share, plot_verdicts
+from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.steps.check_parsers import VERDICTS
 from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_batches, iter_record_batches, read_provenance
 
@@ -34,7 +35,7 @@ def tally_verdicts(path: str | Path, batching: Batching = DEFAULT_BATCHING) -> V
 
 def tally_finishes(path: str | Path, reasoning_end_id: int | None, batching: Batching = DEFAULT_BATCHING) -> tuple:
     """Rows per way an answer ended (FINISHES), streamed; only truncated rows' ids are looked at."""
-    stop = after = inside = failed = skipped = 0
+    stop = after = inside = loop = failed = skipped = 0
     for batch in iter_record_batches(path, batching, columns=["status", "finish_type", "output_ids"]):
         status = batch["status"].to_pylist()
         finish = batch["finish_type"].to_pylist()
@@ -43,6 +44,8 @@ def tally_finishes(path: str | Path, reasoning_end_id: int | None, batching: Bat
                 failed += 1
             elif s == "skipped":
                 skipped += 1
+            elif s == "ok" and f == LOOP_FINISH:
+                loop += 1
             elif s == "ok" and f != "length":
                 stop += 1
             elif s == "ok":
@@ -51,7 +54,7 @@ def tally_finishes(path: str | Path, reasoning_end_id: int | None, batching: Bat
                     inside += 1
                 else:
                     after += 1
-    return stop, after, inside, failed, skipped
+    return stop, after, inside, loop, failed, skipped
 
 
 def plot_checks(

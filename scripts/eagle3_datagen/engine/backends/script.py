@@ -90,11 +90,15 @@ class AnswerScript:
         return rng.choice(self.filler_ids)
 
     def long_words(self, rng: random.Random, n: int) -> list[int]:
-        """About `n` tokens of reasoning words (whole words from the cycle, sliced in C)."""
-        cycle = self.word_cycle
-        start = rng.randrange(len(cycle))
-        repeats = (start + n) // len(cycle) + 1
-        return (cycle * repeats)[start : start + n]
+        """`n` tokens of reasoning words: copies of the word cycle, each turned at a random point
+        (sliced in C). One cycle repeated as it is would be a loop of its length, which the quality
+        gate rightly stops: a loop-free answer must not repeat with any period for long."""
+        cycle, out = self.word_cycle, []
+        while len(out) < n:
+            start = rng.randrange(len(cycle))
+            out += cycle[start:]
+            out += cycle[:start]
+        return out[:n]
 
     def _words(self, rng: random.Random, n: int) -> list[int]:
         out: list[int] = []
