@@ -15,6 +15,7 @@ import inspect
 import logging
 import resource
 import time
+import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -67,7 +68,13 @@ def _parameters(step: Callable) -> list[inspect.Parameter]:
 
 
 def _convert(value: Any, annotation: Any) -> Any:
-    """A value from Snakemake or argparse as the step's annotation asks (Path, list[Path], int, ...)."""
+    """A value from Snakemake or argparse as the step's annotation asks (Path, list[Path], int,
+    Path | None, ...)."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if value is None:
+            return None
+        return _convert(value, kinds[0]) if len(kinds) == 1 else value
     hints = typing.get_args(annotation) if typing.get_origin(annotation) is list else None
     if hints is not None:
         items = [value] if isinstance(value, str) else list(value)

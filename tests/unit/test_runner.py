@@ -155,3 +155,15 @@ def test_a_name_the_rule_gives_twice_is_refused(tmp_path):
     sm.input = named(prompts="a", plan="b")
     with pytest.raises(TypeError, match="'plan' in input and output"):
         runner.run(step, sm)
+
+
+def test_optional_annotations_are_converted_like_their_type():
+    """A step parameter `Path | None` (an optional output) gets a Path from Snakemake's string."""
+    from pathlib import Path
+
+    from eagle3_datagen.runner import _convert
+
+    assert _convert("results/vocab/provenance.json", Path | None) == Path("results/vocab/provenance.json")
+    assert _convert(None, Path | None) is None
+    assert _convert("3", int | None) == 3
+    assert _convert(["a", "b"], list[Path] | None) == [Path("a"), Path("b")]

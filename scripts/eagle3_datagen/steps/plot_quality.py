@@ -63,7 +63,7 @@ def _outside_legend(ax) -> None:
 
 
 def _draw_categories(ax, per_category: dict, policies: dict, colours: dict) -> None:
-    title = "Rows flagged per category (solid: kept in the dataset; hatched: quarantined, left out)"
+    title = "Rows flagged per category (solid: kept in the dataset; hatched: left out, by a quarantine policy)"
     categories = sorted(per_category)
     codes = [c for c in CODES if any(sum(per_category[cat][c]) for cat in categories)]
     if not codes:
@@ -75,9 +75,9 @@ def _draw_categories(ax, per_category: dict, policies: dict, colours: dict) -> N
         kept = [per_category[cat][code][0] for cat in categories]
         quarantined = [per_category[cat][code][1] for cat in categories]
         policy = policies.get(code, "?")
-        ax.bar(x, kept, width, color=colours[code], label=f"{code} kept (policy {policy})")
+        ax.bar(x, kept, width, color=colours[code], label=f"{code}: kept (policy {policy})")
         ax.bar(x, quarantined, width, bottom=kept, color=colours[code], alpha=0.45, hatch="//",
-               edgecolor="black", linewidth=0.4, label=f"{code} quarantined (policy {policy})")  # fmt: skip
+               edgecolor="black", linewidth=0.4, label=f"{code}: left out")  # fmt: skip
     ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
     ax.set_ylabel("rows")
     ax.set_title(title)
