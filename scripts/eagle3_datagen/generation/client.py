@@ -186,10 +186,11 @@ class GenerateClient:
                         # up to its send. Only then is this answer parsed and journalled.
                         await asyncio.sleep(0)
                         await asyncio.sleep(0)
-                    result, raw = answer_fields(status, raw, req, self.template.vocab_size)
+                    result, raw, interval = answer_fields(status, raw, req, self.template.vocab_size)
                     if self.answer_check is not None:
                         rid = req.rid(self.run_nonce, attempt)
-                        await self.answer_check.vet(base, rid, raw, result["output_ids"], req.prompt_ids, self._pool)
+                        check = (base, rid, raw, result["output_ids"], req.prompt_ids, self._pool, interval)
+                        await self.answer_check.vet(*check)
                     return {**result, "status": "ok", "error": "", "attempts": attempt}
                 except FinalError as exc:
                     return {"status": "failed", "error": str(exc), "attempts": attempt}

@@ -123,7 +123,11 @@ def find_printable_text(text: str) -> str:
 
 
 def sglang_text(
-    tokenizer: Any, output_ids: Sequence[int], prompt_ids: Sequence[int] = (), interval: int = FORCE_STREAM_INTERVAL
+    tokenizer: Any,
+    output_ids: Sequence[int],
+    prompt_ids: Sequence[int] = (),
+    interval: int = FORCE_STREAM_INTERVAL,
+    streamed: bool = False,
 ) -> str:
     """The `text` of a non-streamed answer, made as SGLang 0.5.23 makes it: the ids reach the
     detokenizer every `interval` tokens and at the end (output_streamer `accept`), and
@@ -138,7 +142,8 @@ def sglang_text(
     ids = context + list(output_ids)
     surr, read = 0, len(context)
     decoded, sent, pieces = "", 0, []
-    for end in [*range(interval, len(output_ids), interval), len(output_ids)]:
+    first = 1 if streamed else interval
+    for end in [*range(first, len(output_ids), interval), len(output_ids)]:
         end += len(context)
         surr_text = sglang_decode(tokenizer, ids[surr:read])
         new_text = sglang_decode(tokenizer, ids[surr:end])[len(surr_text) :]
@@ -157,12 +162,22 @@ def sglang_text(
     return "".join(pieces)
 
 
-def expected_texts(output_ids: Sequence[int], tokenizer: Any, prompt_ids: Sequence[int] | None = None) -> list[str]:
+def expected_texts(
+    output_ids: Sequence[int],
+    tokenizer: Any,
+    prompt_ids: Sequence[int] | None = None,
+    stream_interval: int | None = None,
+) -> list[str]:
     """The texts a server on `tokenizer` may answer for `output_ids`: SGLang's (`sglang_text`, after
-    the prompt's last ids when the prompt is known), and the ids decoded whole, as the local engine
-    answers; one where they agree (a byte-level BPE tokenizer, no delivery inside a character)."""
+    the prompt's last ids when the prompt is known; for a streamed answer, delivered as the stream
+    was: its first token, then every `stream_interval` tokens), and the ids decoded whole, as the
+    local engine answers; one where they agree (a byte-level BPE tokenizer, no delivery inside a
+    character)."""
     alone = sglang_decode(tokenizer, output_ids)
-    sglang = sglang_text(tokenizer, output_ids, prompt_ids or ())
+    if stream_interval is None:
+        sglang = sglang_text(tokenizer, output_ids, prompt_ids or ())
+    else:
+        sglang = sglang_text(tokenizer, output_ids, prompt_ids or (), max(1, stream_interval), streamed=True)
     return [sglang] if sglang == alone else [sglang, alone]
 
 
@@ -180,7 +195,12 @@ def excerpt(text: str, at: int) -> str:
 
 
 def check_answer_text(
-    server_text: Any, output_ids: Sequence[int], tokenizer: Any, *, prompt_ids: Sequence[int] | None = None
+    server_text: Any,
+    output_ids: Sequence[int],
+    tokenizer: Any,
+    *,
+    prompt_ids: Sequence[int] | None = None,
+    stream_interval: int | None = None,
 ) -> str | None:
     """None when a server's `text` is what a server on `tokenizer` answers for `output_ids`
     (`expected_texts`: SGLang's text, made after the prompt's last ids when `prompt_ids` are given,
@@ -190,7 +210,7 @@ def check_answer_text(
         return "the answer has no `text` (a server started with --skip-tokenizer-init answers none)"
     if not isinstance(server_text, str):
         return f"the answer's `text` is a {type(server_text).__name__}, not a string"
-    expected = expected_texts(output_ids, tokenizer, prompt_ids)
+    expected = expected_texts(output_ids, tokenizer, prompt_ids, stream_interval)
     if server_text in expected:
         return None
     ours = expected[0]
@@ -233,9 +253,13 @@ class AnswerCheck:
         """How many answers wait for their server to be confirmed."""
         return sum(not future.done() for _, future in self._held)
 
-    def compare(self, text: Any, output_ids: Sequence[int], prompt_ids: Sequence[int]) -> str | None:
+    def compare(
+        self, text: Any, output_ids: Sequence[int], prompt_ids: Sequence[int], stream_interval: int | None = None
+    ) -> str | None:
         """`check_answer_text` with the job's tokenizer (run where the tokenizer's other users run)."""
-        return check_answer_text(text, output_ids, self.tokenizer, prompt_ids=prompt_ids)
+        return check_answer_text(
+            text, output_ids, self.tokenizer, prompt_ids=prompt_ids, stream_interval=stream_interval
+        )
 
     def record(self, url: str, rid: str, reason: str | None) -> None:
         """Count an answer of `url` that agreed (reason None), or refuse `url` for one that did not."""
@@ -259,16 +283,27 @@ class AnswerCheck:
             log.info("%s: its first %d answers agree with model.tokenizer %s", url, self.answers, self.tokenizer_dir)
             self._settle(url, None)
 
-    async def vet(self, url: str, rid: str, raw: bytes, output_ids: list[int], prompt_ids: list[int], pool) -> None:
+    async def vet(
+        self,
+        url: str,
+        rid: str,
+        raw: bytes,
+        output_ids: list[int],
+        prompt_ids: list[int],
+        pool,
+        stream_interval: int | None = None,
+    ) -> None:
         """Check one ok answer of `url` (in `pool`, a thread for the tokenizer; None: here) and return
-        once it may be kept; ServerMismatch when it or its server is refused."""
+        once it may be kept; ServerMismatch when it or its server is refused. `stream_interval`: the
+        answer was streamed in chunks of that many tokens (its text was made as they were sent)."""
         if not self.wants(url):
             return
         text = answer_text(raw)
+        args = (text, output_ids, prompt_ids, stream_interval)
         if pool is None:
-            reason = self.compare(text, output_ids, prompt_ids)
+            reason = self.compare(*args)
         else:
-            reason = await asyncio.get_running_loop().run_in_executor(pool, self.compare, text, output_ids, prompt_ids)
+            reason = await asyncio.get_running_loop().run_in_executor(pool, self.compare, *args)
         self.record(url, rid, reason)
         if self.wants(url):
             future = asyncio.get_running_loop().create_future()

@@ -94,6 +94,7 @@ class StreamedAnswer:
         self.ids: list[int] = []
         self.pieces: list[str] = []
         self.watch = LiveLoopWatch(live.loop) if live is not None else None
+        self.stream_interval = live.stream_interval if live is not None else None
         self.loop: Loop | None = None  # the loop found, once the abort is sent
         self.last: dict | None = None  # the chunk with a finish_reason
         self.done = False
@@ -176,12 +177,14 @@ class StreamedAnswer:
         return orjson.dumps({"text": self.text})
 
 
-def answer_fields(status: int, raw: "bytes | StreamedAnswer", req: Request, vocab_size: int) -> tuple[dict, bytes]:
-    """(the result fields, the answer's bytes for `identity.AnswerCheck`) of a streamed answer or of
-    a non-streamed one (`answers.interpret`)."""
+def answer_fields(
+    status: int, raw: "bytes | StreamedAnswer", req: Request, vocab_size: int
+) -> tuple[dict, bytes, int | None]:
+    """(the result fields, the answer's bytes for `identity.AnswerCheck`, the stream interval it was
+    streamed at or None) of a streamed answer or of a non-streamed one (`answers.interpret`)."""
     if isinstance(raw, StreamedAnswer):
-        return raw.result(), raw.text_answer()
-    return interpret(status, raw, req, vocab_size), raw
+        return raw.result(), raw.text_answer(), raw.stream_interval
+    return interpret(status, raw, req, vocab_size), raw, None
 
 
 def _chunk_error(error) -> Exception:
