@@ -80,15 +80,15 @@ def find_loop(ids, settings: LoopSettings, end: int | None = None) -> Loop | Non
     n = len(x) if end is None else end
     if n < settings.min_tokens or n < 2:
         return None
-    last = x[n - 1]
-    lo = max(0, n - 1 - settings.max_period)
-    # Periods p (1..max_period) with x[n-1] == x[n-1-p], shortest first.
-    before = x[lo : n - 1][::-1]
-    for p in (np.flatnonzero(before == last) + 1).tolist():
+    # Periods p (1..max_period) with x[n-1] == x[n-1-p] and x[n-2] == x[n-2-p], shortest first.
+    top = min(settings.max_period, n - 2)
+    last = x[n - top - 1 : n - 1][::-1] == x[n - 1]
+    second = x[n - top - 2 : n - 2][::-1] == x[n - 2]
+    for p in (np.flatnonzero(last & second) + 1).tolist():
         need = settings.need(p)
         if need > n:
             break  # need grows with p
-        if not np.array_equal(x[n - need + p : n], x[n - need : n - p]):
+        if not (x[n - need + p : n] == x[n - need : n - p]).all():
             continue
         covered = need + _run_back(x, n - need, p)
         return Loop(period=p, covered=covered, start=n - covered)
@@ -119,14 +119,36 @@ class LiveLoopWatch:
 
     def __init__(self, settings: LoopSettings):
         self.settings = settings.live()
-        self.tail = np.zeros(0, dtype=np.int64)
+        self.window = self.settings.window
+        self._buf = np.zeros(4 * self.window, dtype=np.int64)  # the tail, appended in place
+        self._end = 0
         self.n = 0  # tokens fed so far
+
+    @property
+    def tail(self) -> np.ndarray:
+        """The last `window` tokens fed (fewer at first)."""
+        return self._buf[max(0, self._end - self.window) : self._end]
+
+    def _append(self, chunk: np.ndarray) -> None:
+        k = len(chunk)
+        if k >= self.window:
+            self._buf[: self.window] = chunk[-self.window :]
+            self._end = self.window
+            return
+        if self._end + k > len(self._buf):  # move the tail to the front, once every few windows
+            keep = self.window - k
+            self._buf[:keep] = self._buf[self._end - keep : self._end]
+            self._end = keep
+        self._buf[self._end : self._end + k] = chunk
+        self._end += k
 
     def feed(self, chunk) -> Loop | None:
         if not len(chunk):
             return None
-        self.tail = np.concatenate((self.tail, _as_array(chunk)))[-self.settings.window :]
+        self._append(_as_array(chunk))
         self.n += len(chunk)
+        if self.n < self.settings.min_tokens:
+            return None
         loop = find_loop(self.tail, self.settings)
         if loop is None:
             return None
