@@ -12,8 +12,8 @@ engine runs on one core and the client (in this process) on the other (`taskset`
 
 Three client runs over the same requests, each with a fresh run nonce:
   whole   not streamed (the client before the live stop): the baseline;
-  live    streamed, each chunk watched, a loop stopped with /abort_request (config quality defaults,
-          but `max_period` 64, see below);
+  live    streamed, each chunk watched, a loop stopped with /abort_request (the config's quality
+          defaults);
   stream  streamed and watched, with loop settings none of these outputs meets (`max_period` 1: only a
           token repeated 256 times): what streaming costs the client, with the watch at its cheapest.
 Figures:
@@ -27,10 +27,8 @@ Figures:
   client CPU   time.process_time of this process over `GenerateClient.run` (on uvloop, as the generate
                job runs it: `session.run_loop`), per request and per 1,000 output tokens received.
 
-`max_period` is 64 (the default is 256) because the scripted engine writes its long answers by cycling
-one paragraph (`AnswerScript.long_words`, 73 Qwen3 tokens): the detector rightly calls such an answer a
-loop once it has repeated long enough, so with periods up to 256 every long loop-free answer would be
-stopped too. The injected loops have periods within 64 (`--loop-period`, default 2:48).
+The scripted engine writes long answers from copies of one paragraph, each turned at a random point
+(`AnswerScript.long_words`), so no loop-free answer repeats with any period for long.
 
     .venv/bin/python bench/live_stop.py [--requests 60] [--budget 32768] [--loop-share 0.2]
         [--step-ms 0.2] [--stream-interval 32] [--out /tmp/live_stop.json]
@@ -176,7 +174,7 @@ def main() -> None:
         stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>")],
         vocab_size=len(tokenizer),
     )
-    loop = LoopSettings(max_period=64)
+    loop = LoopSettings()
     clients = {
         "whole": None,
         "live": LiveStop(loop=loop, stream_interval=args.stream_interval),
