@@ -172,6 +172,9 @@ def test_kimi_rows(kimi):
     # Instant mode: the prompt closes the reasoning itself; a cut answer is not unfinished reasoning.
     instant = prompt + [think_end]
     assert codes(instant, text(tok, "The answer is"), "length", facts) == []
+    assert codes(instant, [im_end], "stop", facts) == ["empty_answer"]  # closed in the prompt, then nothing
+    assert codes(instant, text(tok, "4") + [im_end], "stop", facts) == []
+    assert codes(prompt, [im_end], "stop", facts) == []  # still inside the reasoning: not an answer yet
 
 
 def test_qwen3_rows(qwen3):
@@ -191,6 +194,14 @@ def test_qwen3_rows(qwen3):
     no_think = prompt_of(tok, enable_thinking=False)
     assert no_think[-1] != think and think_end in no_think[-6:]
     assert codes(no_think, text(tok, "4 is"), "length", facts) == []
+
+
+def test_a_model_without_reasoning_has_empty_answers_too(qwen3):
+    tok, facts = qwen3
+    plain = QualityFacts(facts.turn_end_ids, facts.stop_ids, whitespace_ids=facts.whitespace_ids)
+    prompt, im_end = prompt_of(tok, enable_thinking=False), tid(tok, "<|im_end|>")
+    assert codes(prompt, text(tok, " \n") + [im_end], "stop", plain) == ["empty_answer"]
+    assert codes(prompt, text(tok, "Four.") + [im_end], "stop", plain) == []
 
 
 def test_policies_and_live_stop_setting():

@@ -131,6 +131,19 @@ def _reasoning_state(prompt_ids, output_ids, facts: QualityFacts) -> tuple[bool,
     return last_start is not None or _reasoning_open_at_start(prompt_ids, facts), None
 
 
+def _empty_answer(output_ids: list, last_end: int | None, body_end: int, facts: QualityFacts) -> str | None:
+    """What makes a stopped answer empty (its answer part, after the reasoning's end where the
+    output closes it, else the whole output, is whitespace only), or None."""
+    start = 0 if last_end is None else last_end + 1
+    after = output_ids[start:body_end]
+    if not all(t in facts.whitespace_ids for t in after):
+        return None
+    what = f"only {len(after)} whitespace tokens" if after else "nothing"
+    if last_end is None:
+        return f"{what} before the stop (no reasoning in the output: the answer itself is empty)"
+    return f"the reasoning closed at output token {last_end}, then {what} before the stop"
+
+
 def row_flags(prompt_ids, output_ids, finish_type: str, facts: QualityFacts, loop: LoopSettings) -> list[Flag]:
     """The row's flags, in `CODES` order (empty: nothing to say against it)."""
     flags: list[Flag] = []
@@ -148,6 +161,7 @@ def row_flags(prompt_ids, output_ids, finish_type: str, facts: QualityFacts, loo
         if found is not None:
             flags.append(Flag("repetition_loop", found.describe()))
 
+    open_at_end, last_end = False, None
     if facts.reasoning_end_id is not None:
         open_at_end, last_end = _reasoning_state(prompt_ids, output_ids, facts)
         if finish_type in ("length", LOOP_FINISH) and open_at_end:
@@ -158,17 +172,10 @@ def row_flags(prompt_ids, output_ids, finish_type: str, facts: QualityFacts, loo
                     "inside the reasoning (no reasoning end)",
                 )
             )
-        if stopped and last_end is not None and not open_at_end:
-            after = output_ids[last_end + 1 : body_end]
-            if all(t in facts.whitespace_ids for t in after):
-                flags.append(
-                    Flag(
-                        "empty_answer",
-                        f"the reasoning closed at output token {last_end}, then "
-                        + (f"only {len(after)} whitespace tokens" if after else "nothing")
-                        + " before the stop",
-                    )
-                )
+    if stopped and not open_at_end:
+        empty = _empty_answer(output_ids, last_end, body_end, facts)
+        if empty is not None:
+            flags.append(Flag("empty_answer", empty))
 
     if finish_type == "stop" and n > 0 and output_ids[-1] not in facts.turn_end_ids:
         flags.append(
