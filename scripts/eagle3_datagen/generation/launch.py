@@ -49,12 +49,7 @@ def sglang_command(
         str(sglang["model_path"]),
         "--tp-size",
         str(sglang["tp_size"]),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--context-length",
-        str(context_length),
+        *_listening(port, context_length),
     ]
     if sglang["trust_remote_code"]:
         cmd.append("--trust-remote-code")
@@ -86,6 +81,12 @@ def server_env(extra: dict) -> dict:
 LOCAL_ENGINE_ARGS_ENV = "EAGLE3_DATAGEN_ENGINE_ARGS"
 
 
+def _listening(port: int, context_length: int) -> list[str]:
+    """Where a launched server listens (localhost only, the job's free port) and its context: the
+    same flags for SGLang and the stand-in engine."""
+    return ["--host", "127.0.0.1", "--port", str(port), "--context-length", str(context_length)]
+
+
 def local_engine_command(
     engine: dict,
     *,
@@ -107,12 +108,7 @@ def local_engine_command(
         str(local.get("model_dir") or tokenizer),
         "--tokenizer-dir",
         str(tokenizer),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--context-length",
-        str(context_length),
+        *_listening(port, context_length),
         "--max-batch",
         str(local["max_batch"]),
     ]
