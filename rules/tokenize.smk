@@ -38,6 +38,7 @@ rule tokenize_prompts:
         allow_empty=get_param("allow_empty"),
         reading=get_param("reading"),
         turns=get_param("turns"),
+        modes=get_param("modes"),
         batch=get_param("batch"),
     script:
         "../scripts/tokenize_prompts.py"

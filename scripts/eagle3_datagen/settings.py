@@ -7,6 +7,7 @@ the validated dict names and types, so that library code never indexes raw dicts
 """
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import json
@@ -51,6 +52,9 @@ def defaults(*path: str, **given: Any) -> dict:
 # unless the model profile names another one; written once, as the schema's default.
 SGLANG_VERSION: str = _node(("model", "sglang_version"))["default"]
 
+# The one mode of a model profile that names no modes (model.modes).
+DEFAULT_MODE = "default"
+
 # Sampling keys the pipeline sends on every request. SGLang's /generate applies none of the model's
 # generation_config defaults, so every one of these is always explicit.
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -73,10 +77,15 @@ class ModelProfile:
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
     sglang_version: str = SGLANG_VERSION
+    # Named serving modes (name -> what the mode changes), in order; empty: the profile is one mode.
+    modes: dict = field(default_factory=dict)
+    # The mode this profile renders (`for_mode`); DEFAULT_MODE for a profile without modes.
+    mode: str = DEFAULT_MODE
 
     @classmethod
     def from_config(cls, model: dict) -> "ModelProfile":
         model = defaults("model", **model)
+        modes = {str(name): dict(spec or {}) for name, spec in (model.get("modes") or {}).items()}
         return cls(
             name=model["name"],
             tokenizer=str(model["tokenizer"]),
@@ -91,7 +100,42 @@ class ModelProfile:
             reasoning_parser=model.get("reasoning_parser"),
             tool_call_parser=model.get("tool_call_parser"),
             sglang_version=str(model.get("sglang_version", SGLANG_VERSION)),
+            modes=modes,
+        )._applied(next(iter(modes), DEFAULT_MODE))
+
+    @property
+    def mode_names(self) -> tuple[str, ...]:
+        """The profile's modes, in order: its named modes, or the one DEFAULT_MODE."""
+        return tuple(self.modes) or (DEFAULT_MODE,)
+
+    def for_mode(self, name: str) -> "ModelProfile":
+        """The profile as mode `name` renders: its template variables, prompt suffix and prompt-only tokens."""
+        if name not in self.mode_names:
+            raise ValueError(f"model {self.name!r} has no mode {name!r}; its modes: {', '.join(self.mode_names)}")
+        return self if name == self.mode else self._base._applied(name)
+
+    @property
+    def _base(self) -> "ModelProfile":
+        return self.__dict__.get("_base_profile", self)
+
+    def _applied(self, name: str) -> "ModelProfile":
+        """This (base) profile with mode `name`'s keys over its own."""
+        spec = self.modes.get(name)
+        if spec is None:
+            return self
+        applied = dataclasses.replace(
+            self,
+            mode=name,
+            chat_template_kwargs={**self.chat_template_kwargs, **(spec.get("chat_template_kwargs") or {})},
+            prompt_suffix=tuple(spec.get("prompt_suffix", self.prompt_suffix)),
+            prompt_only_tokens=tuple(spec.get("prompt_only_tokens", self.prompt_only_tokens)),
         )
+        object.__setattr__(applied, "_base_profile", self)
+        return applied
+
+    def mode_sampling(self, name: str) -> dict:
+        """Mode `name`'s sampling overrides (empty for a profile without modes)."""
+        return dict((self.modes.get(name) or {}).get("sampling") or {})
 
 
 @dataclass(frozen=True)
@@ -137,13 +181,74 @@ class ClientSettings:
 
 
 def sampling_for(config: dict, category: dict) -> dict:
-    """The effective sampling values of one category: global values overridden by the sheet row."""
-    sampling = {key: config["sampling"][key] for key in SAMPLING_KEYS}
-    for key in ("temperature", "top_p"):
-        value = category.get(key)
-        if value is not None and value == value:  # NaN marks an empty TSV cell
-            sampling[key] = float(value)
-    return sampling
+    """The effective sampling values of one category, per serving mode ({mode: values}): the config's
+    sampling block, then the mode's overrides (model.modes), then the category's own cells."""
+    profile = ModelProfile.from_config(config["model"])
+    per_mode = {}
+    for mode in profile.mode_names:
+        sampling = {key: config["sampling"][key] for key in SAMPLING_KEYS}
+        sampling.update(profile.mode_sampling(mode))
+        for key in ("temperature", "top_p"):
+            value = category.get(key)
+            if value is not None and value == value:  # NaN marks an empty TSV cell
+                sampling[key] = float(value)
+        per_mode[mode] = sampling
+    return per_mode
+
+
+@dataclass(frozen=True)
+class ModeMix:
+    """Which serving modes make a category's rows: `all` (every conversation once in each mode), or
+    shares of the modes, one drawn per conversation from a hash of (seed, its id): stable across
+    reruns and independent of the file's order, and the conversation keeps it on every turn."""
+
+    shares: tuple[tuple[str, float], ...]  # (mode, share), in the profile's order; shares sum to 1
+    every: bool = False  # `all`
+
+    @classmethod
+    def parse(cls, spec: str | None, modes: tuple[str, ...]) -> "ModeMix":
+        """`spec` as written in the sheet or config: None (the first mode), `all`, a mode name, or
+        `name:share,name:share` (shares are normalized; each must be positive)."""
+        text = "" if spec is None or spec != spec else str(spec).strip()
+        if not text:
+            return cls(((modes[0], 1.0),))
+        if text == "all":
+            return cls(tuple((m, 1.0 / len(modes)) for m in modes), every=True)
+        weights: dict[str, float] = {}
+        for part in text.split(","):
+            name, _, share = part.strip().partition(":")
+            name = name.strip()
+            if name not in modes:
+                raise ValueError(f"modes {text!r}: unknown mode {name!r}; the model's modes are {', '.join(modes)}")
+            if name in weights:
+                raise ValueError(f"modes {text!r}: mode {name!r} is named twice")
+            try:
+                weight = float(share) if share.strip() else 1.0
+            except ValueError:
+                raise ValueError(f"modes {text!r}: the share of {name!r} is not a number: {share!r}") from None
+            if not weight > 0 or weight == float("inf"):
+                raise ValueError(f"modes {text!r}: the share of {name!r} must be a positive number, not {share!r}")
+            weights[name] = weight
+        total = sum(weights.values())
+        return cls(tuple((m, weights[m] / total) for m in modes if m in weights))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(m for m, _ in self.shares)
+
+    def of(self, seed: int, row_id: str) -> tuple[str, ...]:
+        """The modes of one conversation: all of them, or the one its draw falls in."""
+        if self.every or len(self.shares) == 1:
+            return self.names
+        draw = int(stable_hash([seed, "mode", row_id])[:15], 16) / 16**15
+        for mode, share in self.shares:
+            draw -= share
+            if draw < 0:
+                return (mode,)
+        return (self.shares[-1][0],)
+
+    def to_json(self) -> str:
+        return "all" if self.every else ",".join(f"{m}:{round(s, 6)}" for m, s in self.shares)
 
 
 def max_new_tokens_for(config: dict, category: dict) -> int:

@@ -94,6 +94,23 @@ def _export(config: dict, category: dict) -> dict:
     return export
 
 
+def _modes(config: dict, category: dict) -> str:
+    """The category's serving-mode mix, checked against the model's modes and written canonically
+    (`settings.ModeMix`): its sheet cell, else the config's modes, else the first mode."""
+    from eagle3_datagen.settings import ModelProfile, ModeMix
+
+    spec = _cell(category, "modes")
+    spec = spec if spec is not None else config.get("modes")
+    names = ModelProfile.from_config(config["model"]).mode_names
+    try:
+        return ModeMix.parse(spec, names).to_json()
+    except ValueError as exc:
+        where = (
+            f"category {category['category']!r}" if category.get("category") and _cell(category, "modes") else "config"
+        )
+        raise ValueError(f"{where}: {exc}") from None
+
+
 def _samples_per_prompt(config: dict, category: dict) -> int:
     value = category.get("samples_per_prompt")
     return int(value) if value is not None and value == value else int(config["samples_per_prompt"])
@@ -121,6 +138,7 @@ PARAMS = {
     "export": _export,
     "quality": lambda config, category: dict(config["quality"]),
     "turns": _turns,
+    "modes": _modes,
     "categories": lambda config, category: list(load_sheet(config["categories"])["category"]),
     "demo_model": lambda config, category: config["demo_model"],
     "batch": lambda config, category: dict(config["batch"]),

@@ -32,7 +32,14 @@ def test_rows_hold_prompt_plus_output_and_mask_only_the_output(tmp_path):
         parquet=tmp_path / "c.parquet",
         rejected=tmp_path / "c.rejected.jsonl",
     )
-    assert counts == {"exported": 2, "rejected": 0, "merge_turns": False, "turns_merged": 0, "turns_not_merged": {}}
+    assert counts == {
+        "exported": 2,
+        "rejected": 0,
+        "merge_turns": False,
+        "turns_merged": 0,
+        "turns_not_merged": {},
+        "by_mode": {},
+    }
     out = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
     assert out[0]["input_ids"] == [1, 2, 3, 1, 5, 6, 7]
     assert out[0]["loss_mask"] == [0, 0, 0, 0, 1, 1, 1]

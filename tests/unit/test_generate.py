@@ -180,15 +180,15 @@ def test_assemble_keeps_prompt_order_and_every_reason(make_prompts):
     prompt_rows = read_rows(prompts)
     builder = builder_of(prompts, model)
     results = {
-        ("r-002", 0, 0): {"status": "failed", "error": "HTTP 400: too long", "attempts": 1},
-        ("r-000", 0, 0): {
+        ("r-002", 0, 0, "default"): {"status": "failed", "error": "HTTP 400: too long", "attempts": 1},
+        ("r-000", 0, 0, "default"): {
             "status": "ok",
             "output_ids": [5, 151645],
             "finish_type": "stop",
             "finish_matched": "151645",
             "attempts": 1,
         },
-        ("r-001", 0, 0): {"status": "ok", "output_ids": [6], "finish_type": "length", "attempts": 2},
+        ("r-001", 0, 0, "default"): {"status": "ok", "output_ids": [6], "finish_type": "length", "attempts": 2},
     }
     rows = list(assemble(prompt_rows, builder, lambda req: results.get(req.key)))
     assert [(r["id"], r["status"]) for r in rows] == [

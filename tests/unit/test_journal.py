@@ -16,7 +16,7 @@ def test_entries_survive_a_reopen(tmp_path):
         for i in range(5):
             j.append(entry(i))
     with Journal(path) as j:
-        assert set(j.entries) == {(f"r{i}", 0, 0) for i in range(5)}
+        assert set(j.entries) == {(f"r{i}", 0, 0, "default") for i in range(5)}
         assert j.reusable("f3")["output_ids"] == [3, 7]
 
 
@@ -29,7 +29,7 @@ def test_torn_last_line_is_cut_and_the_rest_kept(tmp_path):
         fh.write(b'{"id": "r3", "sample_index": 0, "status": "o')
     with Journal(path) as j:
         assert j.torn_bytes > 0
-        assert set(j.entries) == {("r0", 0, 0), ("r1", 0, 0), ("r2", 0, 0)}
+        assert set(j.entries) == {("r0", 0, 0, "default"), ("r1", 0, 0, "default"), ("r2", 0, 0, "default")}
         j.append(entry(3))
     lines = path.read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == ["r0", "r1", "r2", "r3"]
@@ -72,6 +72,6 @@ def test_each_turn_of_a_conversation_is_its_own_entry(tmp_path):
         j.append({"id": "c", "sample_index": 0, "status": "ok", "fingerprint": "f0", "output_ids": [1]})
         j.append({"id": "c", "sample_index": 0, "turn": 1, "status": "ok", "fingerprint": "f1", "output_ids": [2]})
     with Journal(path) as j:
-        assert set(j.entries) == {("c", 0, 0), ("c", 0, 1)}
+        assert set(j.entries) == {("c", 0, 0, "default"), ("c", 0, 1, "default")}
         assert j.entry(("c", 0))["output_ids"] == [1]  # a key without a turn is turn 0
         assert j.entry(("c", 0, 1))["output_ids"] == [2] and j.reusable("f1")["turn"] == 1

@@ -207,7 +207,7 @@ def test_a_loop_is_stopped_live_with_exactly_the_ids_generated_before_the_abort(
     results = run(server, [request("loop", 4000), request("loopy", 4000), request("plain", 4000)])
     assert sorted(a.split(".")[0] for a in server.aborts) == ["loop", "loopy"]
     for row in ("loop", "loopy"):
-        r = results[(row, 0, 0)]
+        r = results[(row, 0, 0, "default")]
         rid = next(a for a in server.aborts if a.startswith(row + "."))
         n = server.generated[rid]
         assert r["status"] == "ok" and r["finish_type"] == LOOP_FINISH and r["finish_matched"] == ""
@@ -216,7 +216,7 @@ def test_a_loop_is_stopped_live_with_exactly_the_ids_generated_before_the_abort(
         assert r["completion_tokens"] == n
         assert n < 4000 // 4  # stopped long before its budget
         assert find_loop(r["output_ids"], LOOP) is not None
-    assert results[("plain", 0, 0)]["finish_type"] == "stop"
+    assert results[("plain", 0, 0, "default")]["finish_type"] == "stop"
 
 
 def test_a_loop_free_stream_is_never_stopped():
@@ -239,7 +239,7 @@ def test_a_loop_free_stream_is_never_stopped():
 def test_stream_errors_are_the_errors_of_an_answer(fault, status, reason):
     plans = plans_for()
     results = run(FakeSGLang(plans, faults={"plain": fault}), [request("plain", 4000)])
-    r = results[("plain", 0, 0)]
+    r = results[("plain", 0, 0, "default")]
     assert r["status"] == status and "output_ids" not in r
     assert reason in r["error"]
     if fault == "cut":

@@ -356,7 +356,7 @@ def test_a_next_prompt_that_does_not_fit_ends_the_conversation(kimi_tokenizer_di
     builder = make_builder(
         facts, tight, SAMPLING, Run.engine("x"), {"max_new_tokens": 16, "min_new_tokens": 4, "reserve_tokens": 2}
     )
-    builder._layer = ChatLayer(kimi_tok, tight)
+    builder._tokenizer = kimi_tok
     conversation = builder.start(prompt_row)
     answer = kimi_tok.encode("ok</think>" + "A long answer. " * 20, add_special_tokens=False) + [
         kimi_tok.convert_tokens_to_ids("<|im_end|>")
@@ -368,9 +368,13 @@ def test_a_next_prompt_that_does_not_fit_ends_the_conversation(kimi_tokenizer_di
 def test_a_rid_names_its_row_and_turn_whatever_the_id():
     from eagle3_datagen.generation.requests import Request, parse_rid
 
-    for row_id, sample, turn in (("a.1", 0, 0), ("x", 2, 3), ("x.0.t2", 0, 0), ("a.t5", 1, 1), ("7", 0, 12)):
-        req = Request(row_id, sample, [1], 4, 0, turn=turn)
-        assert parse_rid(f"{req.label}.9f3a.2") == ((row_id, sample, turn), "9f3a", 2)
+    cases = (("a.1", 0, 0), ("x", 2, 3), ("x.0.t2", 0, 0), ("a.t5", 1, 1), ("7", 0, 12), ("a@b.1", 0, 2))
+    for row_id, sample, turn in cases:
+        for mode in ("default", "instant", "think-hi_2"):
+            req = Request(row_id, sample, [1], 4, 0, turn=turn, mode=mode)
+            assert parse_rid(f"{req.label}.9f3a.2") == ((row_id, sample, turn, mode), "9f3a", 2)
+    # One conversation in two modes: two requests, two rids.
+    assert Request("x", 0, [1], 4, 0, mode="thinking").label != Request("x", 0, [1], 4, 0, mode="instant").label
 
 
 def test_an_answer_that_cannot_continue_ends_only_its_conversation(kimi_tokenizer_dir, kimi_tok):
@@ -383,7 +387,7 @@ def test_an_answer_that_cannot_continue_ends_only_its_conversation(kimi_tokenize
         def answer_message(self, *args):
             raise KeyError("no such thing")
 
-    builder._layer = Broken(kimi_tok, profile)
+    builder._tokenizer, builder._layers[profile.mode] = kimi_tok, Broken(kimi_tok, profile)
     row = {
         "id": "c",
         "sample_index": 0,

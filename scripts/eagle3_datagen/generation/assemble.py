@@ -21,6 +21,7 @@ from eagle3_datagen.generation.locks import ShardLock
 from eagle3_datagen.generation.requests import Request
 from eagle3_datagen.generation.servers import attempt_logs
 from eagle3_datagen.generation.turns import TurnBuilder, walk
+from eagle3_datagen.settings import DEFAULT_MODE
 from eagle3_datagen.storage.prompts import without_source
 from eagle3_datagen.storage.tables import GENERATIONS_SCHEMA, Batching, TableWriter, iter_record_batches
 
@@ -28,6 +29,7 @@ from eagle3_datagen.storage.tables import GENERATIONS_SCHEMA, Batching, TableWri
 ASSEMBLE_COLUMNS = [
     "id",
     "sample_index",
+    "mode",
     "category",
     "messages",
     "tools",
@@ -54,14 +56,16 @@ def assemble(
     reach as a skipped row saying why it ended.
 
     `result_of(request)` gives the journalled result of a request."""
-    sampling = json.dumps(builder.template.sampling, sort_keys=True)
+    sampling = {mode: json.dumps(t.sampling, sort_keys=True) for mode, t in builder.templates.items()}
     for p in prompt_rows:
+        mode = builder.mode_of(p)
         base = {
             "id": p["id"],
             "sample_index": p["sample_index"],
+            "mode": mode,
             "category": p["category"],
             "tools": p.get("tools") or "",
-            "sampling": sampling,
+            "sampling": sampling[mode],
         }
         if p["status"] != "ok":
             yield {
@@ -149,7 +153,8 @@ class FailureCount:
                 self.failed += 1
                 if len(self.examples) < 5:
                     turn = f".t{r['turn']}" if r["turn"] else ""
-                    self.examples.append(f"{r['id']}.{r['sample_index']}{turn}: {r['error']}")
+                    mode = f"@{r['mode']}" if r.get("mode", DEFAULT_MODE) != DEFAULT_MODE else ""
+                    self.examples.append(f"{r['id']}.{r['sample_index']}{turn}{mode}: {r['error']}")
             yield r
 
 

@@ -36,7 +36,7 @@ from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.generation.server_info import LoadReader
 from eagle3_datagen.generation.session import open_session, run_loop  # noqa: F401 (run_loop: for the steps)
 from eagle3_datagen.generation.streaming import LiveStop, StreamedAnswer, answer_fields, post_streamed
-from eagle3_datagen.settings import ClientSettings
+from eagle3_datagen.settings import DEFAULT_MODE, ClientSettings
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +135,10 @@ class GenerateClient:
         try:
             rid, url = req.rid(self.run_nonce, attempt), url or self._url()[1]
             if self.live is not None:
-                body = self.template.body(req, rid, self.live.stream_interval)
+                body = (req.template or self.template).body(req, rid, self.live.stream_interval)
                 answer = StreamedAnswer(req, self.template.vocab_size, self.live)
                 return await post_streamed(self.session, url, body, answer, rid)
-            async with self.session.post(url, data=self.template.body(req, rid)) as resp:
+            async with self.session.post(url, data=(req.template or self.template).body(req, rid)) as resp:
                 return resp.status, await resp.read()
         except asyncio.CancelledError:
             # The watchdog's cancellation alone is a timeout; any other (the job stopping) goes on.
@@ -270,6 +270,8 @@ class GenerateClient:
             entry = {"id": req.id, "sample_index": req.sample_index, "fingerprint": req.fingerprint, **result}
             if req.turn:
                 entry["turn"] = req.turn
+            if req.mode != DEFAULT_MODE:
+                entry["mode"] = req.mode
             run.journal.append(entry)
             if run.journal.sync_due() and not run.syncing:
                 run.syncing = True  # fsync off the event loop, one at a time

@@ -2,7 +2,7 @@
 
 One JSON line per finished row (ok or failed). Lines are flushed as they are written and fsync'd in
 batches, so a kill loses at most the unsynced tail, and those rows are simply requested again —
-never written twice, because the journal is keyed by (id, sample_index, turn) and the last entry wins.
+never written twice, because the journal is keyed by (id, sample_index, turn, mode) and the last entry wins.
 A torn last line (a kill mid-write) is cut off when the journal is opened.
 
 The journal doubles as the generation cache: an ok entry is reused for any row whose request
@@ -28,6 +28,7 @@ import orjson
 
 from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.quality.loops import LoopSettings, find_loop
+from eagle3_datagen.settings import DEFAULT_MODE
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,9 @@ def loop_rows(live_loop: LoopSettings | None) -> Callable[[dict], bool]:
     return reusable
 
 
-def entry_key(entry: dict) -> tuple[str, int, int]:
-    """(id, sample_index, turn) of an entry; entries of single-turn rows may leave the turn out."""
-    return (entry["id"], int(entry["sample_index"]), int(entry.get("turn", 0)))
+def entry_key(entry: dict) -> tuple[str, int, int, str]:
+    """(id, sample_index, turn, mode) of an entry; an entry may leave out turn 0 and the default mode."""
+    return (entry["id"], int(entry["sample_index"]), int(entry.get("turn", 0)), entry.get("mode", DEFAULT_MODE))
 
 
 class Journal:
@@ -73,7 +74,7 @@ class Journal:
         self.sync_interval_s = sync_interval_s
         self._files: list[Path] = [self.path]
         self._fds: dict[int, int] = {}
-        self._keys: dict[tuple[str, int], Ref] = {}
+        self._keys: dict[tuple, Ref] = {}
         self._by_fingerprint: dict[str, Ref] = {}
         self.torn_bytes = 0
         for other in also_read:
@@ -136,13 +137,15 @@ class Journal:
         return entry if self.reuse is None or self.reuse(entry) else None
 
     def entry(self, key: tuple) -> dict | None:
-        """The last entry this journal holds for (id, sample_index, turn), if any ((id, sample_index): turn 0)."""
-        ref = self._keys.get(key if len(key) == 3 else (*key, 0))
+        """The last entry this journal holds for (id, sample_index, turn, mode), if any (a shorter key:
+        turn 0, the default mode)."""
+        key = (*key, 0, DEFAULT_MODE)[:4] if len(key) == 2 else (*key, DEFAULT_MODE)[:4]
+        ref = self._keys.get(key)
         return None if ref is None else self._read(ref)
 
     @property
     def entries(self) -> Mapping:
-        """(id, sample_index, turn) -> last entry, read from the file as it is looked at."""
+        """(id, sample_index, turn, mode) -> last entry, read from the file as it is looked at."""
         return _Entries(self)
 
     def append(self, entry: dict) -> None:

@@ -1,4 +1,4 @@
-"""What is sent for one row: a request's identity (id, sample, turn), its rid, its /generate body and
+"""What is sent for one row: a request's identity (id, sample, turn, mode), its rid, its /generate body and
 its fingerprint (the identity of its result, which the journal and the plan key on).
 
 Planning, turns and the client all import this module; it imports only `settings` and no network
@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from eagle3_datagen.settings import canonical_json
+from eagle3_datagen.settings import DEFAULT_MODE, canonical_json
 
 
 @dataclass
 class Request:
-    """What the client sends for one (id, sample_index, turn) row."""
+    """What the client sends for one (id, sample_index, turn, mode) row. `template` is how it is
+    sent (its mode's sampling); without one, the client's."""
 
     id: str
     sample_index: int
@@ -24,14 +25,20 @@ class Request:
     seed: int
     fingerprint: str = ""
     turn: int = 0
+    mode: str = DEFAULT_MODE
+    template: "RequestTemplate | None" = field(default=None, repr=False, compare=False)
 
     @property
-    def key(self) -> tuple[str, int, int]:
-        return (self.id, self.sample_index, self.turn)
+    def key(self) -> tuple[str, int, int, str]:
+        return (self.id, self.sample_index, self.turn, self.mode)
 
     @property
     def label(self) -> str:
-        return f"{self.id}.{self.sample_index}" + (f".t{self.turn}" if self.turn else "")
+        return (
+            f"{self.id}.{self.sample_index}"
+            + (f".t{self.turn}" if self.turn else "")
+            + (f"@{self.mode}" if self.mode != DEFAULT_MODE else "")
+        )
 
     def rid(self, nonce: str, attempt: int) -> str:
         """SGLang's request id for one attempt: unique per attempt and per run (`nonce`), since SGLang
@@ -40,16 +47,20 @@ class Request:
         return f"{self.label}.{nonce}.{attempt}"
 
 
-def parse_rid(rid: str) -> tuple[tuple[str, int, int], str, int]:
-    """((id, sample_index, turn), run nonce, attempt) of a rid the client made:
-    `{id}.{sample}[.t{turn}].{nonce}.{attempt}` (ids may hold dots; the turn is there from turn 1)."""
+def parse_rid(rid: str) -> tuple[tuple[str, int, int, str], str, int]:
+    """((id, sample_index, turn, mode), run nonce, attempt) of a rid the client made:
+    `{id}.{sample}[.t{turn}][@{mode}].{nonce}.{attempt}` (ids may hold dots; the turn is there from
+    turn 1, the mode for a profile's named modes)."""
     head, nonce, attempt = rid.rsplit(".", 2)
     head, last = head.rsplit(".", 1)
+    mode = DEFAULT_MODE
+    if "@" in last:
+        last, mode = last.split("@", 1)
     turn = 0
     if last.startswith("t") and last[1:].isdigit() and head.rsplit(".", 1)[-1].isdigit() and "." in head:
         turn = int(last[1:])
         head, last = head.rsplit(".", 1)
-    return (head, int(last), turn), nonce, int(attempt)
+    return (head, int(last), turn, mode), nonce, int(attempt)
 
 
 @dataclass

@@ -110,18 +110,22 @@ class TurnBuilder:
         *,
         tokenizer_sha256: str | None = None,
         load: Callable | None = None,
+        templates: dict[str, RequestTemplate] | None = None,
     ):
+        """`template` and `profile` are the first mode's; `templates` has every mode's (by name)
+        where the profile has several (`settings.ModelProfile.modes`)."""
         self.template = template
         self.profile = profile
+        self.templates = templates or {profile.mode: template}
         self.budget = budget
         self.tokenizer_sha256 = tokenizer_sha256
         self._load = load
-        self._layer = None
+        self._tokenizer = None
+        self._layers: dict = {}
 
     @property
-    def layer(self):
-        if self._layer is None:
-            from eagle3_datagen.tokens.chat_layer import ChatLayer
+    def tokenizer(self):
+        if self._tokenizer is None:
             from eagle3_datagen.tokens.vocabulary import load_tokenizer, tokenizer_fingerprint
 
             tokenizer = self._load() if self._load is not None else load_tokenizer(self.profile)
@@ -131,10 +135,35 @@ class TurnBuilder:
                     f"the tokenizer at {self.profile.tokenizer} (sha256 {found[:12]}) is not the one the prompts "
                     f"were tokenized with ({self.tokenizer_sha256[:12]}): tokenize the prompts again"
                 )
-            self._layer = ChatLayer(tokenizer, self.profile)
-        return self._layer
+            self._tokenizer = tokenizer
+        return self._tokenizer
+
+    @property
+    def layer(self):
+        """The chat layer of the first mode."""
+        return self.layer_for(self.profile.mode)
+
+    def layer_for(self, mode: str):
+        """The chat layer of one mode: the next turn is rendered, and an answer parsed, as that mode does."""
+        if mode not in self._layers:
+            from eagle3_datagen.tokens.chat_layer import ChatLayer
+
+            self._layers[mode] = ChatLayer(self.tokenizer, self.profile.for_mode(mode))
+        return self._layers[mode]
+
+    def mode_of(self, row: dict) -> str:
+        """A prompts row's mode (a table made before modes has none: the profile's first)."""
+        mode = row.get("mode") or self.profile.mode
+        if mode not in self.templates:
+            raise ValueError(
+                f"row {row['id']} is in mode {mode!r}, which the model profile does not have "
+                f"(its modes: {', '.join(self.templates)}): tokenize the prompts again"
+            )
+        return mode
 
     def request(self, row: dict, turn: int, prompt_ids: list[int], max_new_tokens: int) -> Request:
+        mode = self.mode_of(row)
+        template = self.templates[mode]
         req = Request(
             row["id"],
             int(row["sample_index"]),
@@ -142,8 +171,10 @@ class TurnBuilder:
             int(max_new_tokens),
             turn_seed(int(row["seed"]), turn),
             turn=turn,
+            mode=mode,
+            template=template,
         )
-        req.fingerprint = self.template.fingerprint(req)
+        req.fingerprint = template.fingerprint(req)
         return req
 
     def start(self, row: dict) -> Conversation:
@@ -152,13 +183,14 @@ class TurnBuilder:
 
 
 class Conversation:
-    """One (id, sample_index) conversation, turn by turn: `request` is the current turn's request;
+    """One (id, sample_index, mode) conversation, turn by turn: `request` is the current turn's request;
     `advance(result)` makes the next one, or ends the conversation (`end_reason`, None when every
     turn was made)."""
 
     def __init__(self, builder: TurnBuilder, row: dict):
         self.builder = builder
         self.row = row
+        self.mode = builder.mode_of(row)
         self.ends = list(row.get("turn_ends") or ())
         self.turn = 0
         self._history: list | None = None  # read from the row's messages when first asked for
@@ -201,7 +233,7 @@ class Conversation:
         Whatever goes wrong in making the next turn ends this conversation with the reason; it never
         stops the others (a tokenizer that cannot be loaded, or is not the prompts', fails the job)."""
         if self.turn + 1 < self.turns and result["status"] == "ok":
-            self.builder.layer  # noqa: B018 (loaded here, outside the guard below)
+            self.builder.tokenizer  # noqa: B018 (loaded here, outside the guard below)
         try:
             return self._advance(result)
         except Exception as exc:  # a parser or template error on one answer: this conversation ends
@@ -225,7 +257,7 @@ class Conversation:
                 f"continue the conversation; its {later} later turn(s) not generated"
             )
             return None
-        layer = self.builder.layer
+        layer = self.builder.layer_for(self.mode)
         answer = layer.answer_message(result["output_ids"], result.get("finish_type", ""), self.tools, self.history)
         segment = self.messages[self.ends[k] : self.ends[k + 1]]
         j = 0

@@ -9,6 +9,7 @@ counted from their records), for the summary and the report.
 from collections import Counter
 
 from eagle3_datagen.quality.flags import CODES, Flag, QualityFacts, QualitySettings, row_flags
+from eagle3_datagen.settings import DEFAULT_MODE
 
 
 class Gate:
@@ -27,16 +28,19 @@ class Gate:
         flags = row_flags(row["prompt_ids"], row["output_ids"], row["finish_type"], self.facts, self.settings.loop)
         return flags, self.settings.quarantined(flags)
 
-    def count_kept(self, flags: list[Flag], turn: int) -> None:
+    def count_kept(self, flags: list[Flag], turn: int, mode: str = DEFAULT_MODE) -> None:
         for flag in flags:
-            self.kept[(flag.code, int(turn))] += 1
+            self.kept[(flag.code, int(turn), mode)] += 1
 
     def stats(self) -> dict:
-        """What the dataset's provenance records: the gate's settings and the kept rows' flags."""
+        """What the dataset's provenance records: the gate's settings and the kept rows' flags, per
+        code and turn (`kept_flags`), and per mode, code and turn (`kept_flags_by_mode`)."""
         kept = {code: {} for code in CODES}
-        for (code, turn), n in sorted(self.kept.items()):
-            kept[code][str(turn)] = n
-        return {"settings": self.settings.to_json(), "kept_flags": kept}
+        by_mode: dict[str, dict] = {}
+        for (code, turn, mode), n in sorted(self.kept.items()):
+            kept[code][str(turn)] = kept[code].get(str(turn), 0) + n
+            by_mode.setdefault(mode, {c: {} for c in CODES})[code][str(turn)] = n
+        return {"settings": self.settings.to_json(), "kept_flags": kept, "kept_flags_by_mode": by_mode}
 
 
 def reason_of(flag: Flag) -> str:

@@ -225,12 +225,28 @@ def _reasoning_and_answer(ck: _Checker, output: list[int], n_end: int) -> tuple[
 
 
 def check_rows(
-    generations: list[dict], *, tokenizer, profile: ModelProfile, checker: _Checker | None = None
+    generations: list[dict], *, tokenizer, profile: ModelProfile, checkers: dict[str, _Checker] | None = None
 ) -> list[dict]:
-    """One verdict row per ok generation row of a batch (see the module doc for the rules); each row
-    carries the messages and tools of its prompt. A `checker` set up once serves every batch."""
-    ck = checker or _Checker(tokenizer, profile)
-    rows = [g for g in generations if g["status"] == "ok"]
+    """One verdict row per ok generation row of a batch, in order (see the module doc for the rules);
+    each row carries the messages and tools of its prompt, and is checked as its serving mode's chat
+    route (that mode's template variables, and so its reasoning forcing). `checkers`, by mode, set up
+    once, serve every batch."""
+    checkers = {} if checkers is None else checkers
+    ok = [g for g in generations if g["status"] == "ok"]
+    by_mode: dict[str, list[int]] = {}
+    for i, g in enumerate(ok):
+        by_mode.setdefault(g.get("mode") or profile.mode, []).append(i)
+    verdicts: list[dict] = [{} for _ in ok]
+    for mode, indices in by_mode.items():
+        if mode not in checkers:
+            checkers[mode] = _Checker(tokenizer, profile.for_mode(mode))
+        for i, verdict in zip(indices, _check_mode(checkers[mode], [ok[i] for i in indices])):
+            verdicts[i] = verdict
+    return verdicts
+
+
+def _check_mode(ck: _Checker, rows: list[dict]) -> list[dict]:
+    """The verdicts of ok rows of one mode."""
     tools_list = [json.loads(g["tools"]) if g["tools"] else None for g in rows]
     outputs = [list(g["output_ids"]) for g in rows]
 
@@ -276,6 +292,7 @@ def check_rows(
                 "id": g["id"],
                 "sample_index": int(g["sample_index"]),
                 "turn": int(g["turn"]),
+                "mode": ck.profile.mode,
                 "verdict": verdict,
                 "first_diff": first_diff,
                 "excerpt_expected": exp_excerpt,
@@ -305,6 +322,7 @@ def verdict_schema():
             ("id", pa.string()),
             ("sample_index", pa.int32()),
             ("turn", pa.int32()),
+            ("mode", pa.string()),
             ("verdict", pa.string()),
             ("first_diff", pa.int64()),
             ("excerpt_expected", pa.string()),
@@ -323,7 +341,7 @@ def check_parsers(
     """A verdict per row in `verdicts`, their counts in `verdict_counts`, a batch at a time; reports, never fails."""
     profile = ModelProfile.from_config(model)
     tokenizer = load_tokenizer(profile)
-    checker = _Checker(tokenizer, profile)
+    checkers: dict[str, _Checker] = {}
     batching = Batching.from_config(batch)
     semantics = {
         "reasoning_parser": profile.reasoning_parser,
@@ -331,13 +349,20 @@ def check_parsers(
         "sglang_version": profile.sglang_version,
     }
     tally: Counter = Counter()
+    per_mode: dict[str, Counter] = {}
     with TableWriter(verdicts, verdict_schema(), batching) as writer:
         for gens in logged(iter_batches(generations, batching), count_rows(generations), "check_parsers"):
-            rows = check_rows(gens, tokenizer=tokenizer, profile=profile, checker=checker)
+            rows = check_rows(gens, tokenizer=tokenizer, profile=profile, checkers=checkers)
             tally.update(r["verdict"] for r in rows)
+            for r in rows:
+                per_mode.setdefault(r["mode"], Counter())[r["verdict"]] += 1
             writer.write(rows)
         writer.close(semantics)
-    summary = {**semantics, "verdicts": counts(tally)}
+    summary = {
+        **semantics,
+        "verdicts": counts(tally),
+        "verdicts_by_mode": {mode: counts(c) for mode, c in sorted(per_mode.items())},
+    }
     verdict_counts.parent.mkdir(parents=True, exist_ok=True)
     verdict_counts.write_text(json.dumps(summary, indent=2) + "\n")
     log.info("%s", summary)

@@ -52,6 +52,7 @@ class SequenceReport:
                     "id": row["id"],
                     "sample_index": int(row["sample_index"]),
                     "turn": int(row.get("turn", 0)),
+                    "mode": row.get("mode", ""),
                     "rule": rule,
                     "detail": detail,
                 }
@@ -71,42 +72,62 @@ class SequenceReport:
         lines = [f"{self.n_violations} sequence violations in {self.checked} rows:"]
         for v in self.violations[:limit]:
             lines.append(
-                f"  {v['id']}.{v['sample_index']} turn {v['turn']}: {v['rule']} ({RULES[v['rule']]}): {v['detail']}"
+                f"  {v['id']}.{v['sample_index']} turn {v['turn']} ({v['mode']}): {v['rule']} ({RULES[v['rule']]}): {v['detail']}"
             )
         if self.n_violations > limit:
             lines.append(f"  ... and {self.n_violations - limit} more (see the report file)")
         return "\n".join(lines)
 
 
+class _Mode:
+    """What the rules know of one serving mode: its template render, prompt suffix, prompt-only ids."""
+
+    def __init__(self, tokenizer, profile: ModelProfile):
+        self.profile = profile
+        self.suffix = token_ids(tokenizer, profile.prompt_suffix)
+        self.prompt_only = set(token_ids(tokenizer, profile.prompt_only_tokens))
+        self.chat = ChatTokenizer(tokenizer, profile)
+        self._layer = None
+        self._tokenizer = tokenizer
+
+    @property
+    def layer(self):
+        if self._layer is None:
+            from eagle3_datagen.tokens.chat_layer import ChatLayer
+
+            self._layer = ChatLayer(self._tokenizer, self.profile)
+        return self._layer
+
+
 class SequenceChecker:
-    """The raw-token rules, set up once per category and applied a batch at a time."""
+    """The raw-token rules, set up once per category and applied a batch at a time; each row is
+    checked against its own serving mode (its template variables, suffix and prompt-only tokens)."""
 
     def __init__(self, tokenizer, profile: ModelProfile):
         self.vocab = len(tokenizer)
-        self.suffix = token_ids(tokenizer, profile.prompt_suffix)
-        self.prompt_only = set(token_ids(tokenizer, profile.prompt_only_tokens))
         self.stops = set(stop_set(tokenizer, profile).ids)
-        self.chat = ChatTokenizer(tokenizer, profile)
         self.tokenizer, self.profile = tokenizer, profile
-        self._layer = None
+        self._modes: dict[str, _Mode] = {}
         self._before: dict | None = None  # the last ok row: a later turn's history starts from it
+
+    def mode(self, row: dict) -> _Mode:
+        name = row.get("mode") or self.profile.mode
+        if name not in self._modes:
+            self._modes[name] = _Mode(self.tokenizer, self.profile.for_mode(name))
+        return self._modes[name]
 
     def _history_holds_answer(self, g: dict, report: "SequenceReport") -> None:
         before, self._before = self._before, g
         if not g.get("turn"):
             return
-        key = (g["id"], g["sample_index"], int(g["turn"]) - 1)
-        if before is None or (before["id"], before["sample_index"], int(before["turn"])) != key:
+        key = (g["id"], g["sample_index"], g.get("mode"), int(g["turn"]) - 1)
+        if before is None or (before["id"], before["sample_index"], before.get("mode"), int(before["turn"])) != key:
             report.add(g, "history_holds_answers", "the turn before is not an ok row just before this one")
             return
-        if self._layer is None:
-            from eagle3_datagen.tokens.chat_layer import ChatLayer
-
-            self._layer = ChatLayer(self.tokenizer, self.profile)
         earlier = json.loads(before["messages"])
         history = json.loads(g["messages"])
         tools = json.loads(g["tools"]) if g["tools"] else None
-        answer = self._layer.answer_message(before["output_ids"], before["finish_type"], tools, earlier)
+        answer = self.mode(g).layer.answer_message(before["output_ids"], before["finish_type"], tools, earlier)
         if history[: len(earlier)] != earlier:
             report.add(g, "history_holds_answers", "the history does not start with the turn before's history")
         elif len(history) <= len(earlier) or history[len(earlier)] != answer:
@@ -124,9 +145,11 @@ class SequenceChecker:
         ok_rows = [g for g in generations if g["status"] == "ok"]
         report.checked += len(ok_rows)
         fresh = self._fresh_prompt_ids(ok_rows)
-        suffix, stops, vocab = self.suffix, self.stops, self.vocab
+        stops, vocab = self.stops, self.vocab
         for g, fresh_ids in zip(ok_rows, fresh):
             self._history_holds_answer(g, report)
+            mode = self.mode(g)
+            suffix = mode.suffix
             prompt_ids, output_ids = g["prompt_ids"], g["output_ids"]
             if prompt_ids != fresh_ids:
                 pos = next(
@@ -140,10 +163,12 @@ class SequenceChecker:
                 )
             if suffix and prompt_ids[-len(suffix) :] != suffix:
                 report.add(
-                    g, "prompt_suffix", f"prompt ends {prompt_ids[-len(suffix) - 2 :]}, expected suffix {suffix}"
+                    g,
+                    "prompt_suffix",
+                    f"prompt ends {prompt_ids[-len(suffix) - 2 :]}, expected mode {mode.profile.mode}'s suffix {suffix}",
                 )
-            if not self.prompt_only.isdisjoint(output_ids):
-                bad_outputs = sorted(self.prompt_only.intersection(output_ids))
+            if not mode.prompt_only.isdisjoint(output_ids):
+                bad_outputs = sorted(mode.prompt_only.intersection(output_ids))
                 report.add(g, "no_prompt_only_tokens", f"output contains prompt-only ids {bad_outputs}")
             if g["finish_type"] not in ("length", LOOP_FINISH) and (not output_ids or output_ids[-1] not in stops):
                 report.add(
@@ -171,9 +196,18 @@ class SequenceChecker:
                 )
 
     def _fresh_prompt_ids(self, prompt_rows: list[dict]) -> list[list[int]]:
-        conversations = [json.loads(p["messages"]) for p in prompt_rows]
-        tools = [json.loads(p["tools"]) if p["tools"] else None for p in prompt_rows]
-        return [t.prompt_ids for t in self.chat.tokenize(conversations, tools)]
+        """Each row's messages rendered afresh with its mode's template variables (a batch per mode)."""
+        fresh: list[list[int]] = [[] for _ in prompt_rows]
+        by_mode: dict[str, list[int]] = {}
+        for i, p in enumerate(prompt_rows):
+            by_mode.setdefault(self.mode(p).profile.mode, []).append(i)
+        for name, indices in by_mode.items():
+            rows = [prompt_rows[i] for i in indices]
+            conversations = [json.loads(p["messages"]) for p in rows]
+            tools = [json.loads(p["tools"]) if p["tools"] else None for p in rows]
+            for i, t in zip(indices, self._modes[name].chat.tokenize(conversations, tools)):
+                fresh[i] = t.prompt_ids
+        return fresh
 
 
 def check_rows(generations: list[dict], *, tokenizer, profile: ModelProfile) -> SequenceReport:

@@ -16,7 +16,7 @@ import orjson
 import pyarrow as pa
 
 from eagle3_datagen.quality.gate import Gate, reason_of
-from eagle3_datagen.settings import defaults
+from eagle3_datagen.settings import DEFAULT_MODE, defaults
 from eagle3_datagen.storage.tables import (
     IDS,
     Batching,
@@ -36,6 +36,8 @@ DATASET_SCHEMA = pa.schema(
         ("id", pa.string()),
         ("sample_index", pa.int32()),
         ("turn", pa.int32()),
+        # The serving mode the row was generated in (model.modes; "default" for a profile without modes).
+        ("mode", pa.string()),
         # Turns joined in this row (export.merge_turns): 1 unless consecutive turns were merged.
         ("turns", pa.int32()),
         ("category", pa.string()),
@@ -103,6 +105,7 @@ def dataset_row(
         "id": row["id"],
         "sample_index": int(row["sample_index"]),
         "turn": int(row["turn"]) - turns + 1,
+        "mode": row.get("mode") or DEFAULT_MODE,
         "turns": turns,
         "category": row["category"],
         "finish_type": row["finish_type"],
@@ -128,7 +131,7 @@ def split_rows(generations: list[dict], filters: Filters, gate: Gate | None = No
             filtered = (quarantined.code, reason_of(quarantined)) if quarantined else filter_reason(row, filters)
             if filtered is None:
                 if gate is not None:
-                    gate.count_kept(flags, row["turn"])
+                    gate.count_kept(flags, row["turn"], row.get("mode") or DEFAULT_MODE)
                 dataset.append({**row, "flags": [f.code for f in flags]})
                 continue
             status, (code, reason) = "filtered", filtered
@@ -136,6 +139,7 @@ def split_rows(generations: list[dict], filters: Filters, gate: Gate | None = No
             "id": row["id"],
             "sample_index": int(row["sample_index"]),
             "turn": int(row["turn"]),
+            "mode": row.get("mode") or DEFAULT_MODE,
             "category": row["category"],
             "status": status,
             "reason": reason,
@@ -165,6 +169,8 @@ class TurnMerger:
         self.merge = merge
         self.merged = 0
         self.not_merged: Counter = Counter()
+        self.merged_by_mode: Counter = Counter()
+        self.not_merged_by_mode: dict[str, Counter] = {}
         self._last: dict | None = None
         self._spans: list[tuple[int, int]] = []
         self._turns = 0
@@ -183,11 +189,15 @@ class TurnMerger:
             if not self.merge:
                 out.append(dataset_row(row))
                 if row["turn"]:
-                    self.not_merged["merge_turns is off"] += 1
+                    self._not_merged(row, "merge_turns is off")
                 continue
             last = self._last
             prompt = row["prompt_ids"]
-            same = last is not None and (last["id"], last["sample_index"]) == (row["id"], row["sample_index"])
+            same = last is not None and (last["id"], last["sample_index"], last.get("mode")) == (
+                row["id"],
+                row["sample_index"],
+                row.get("mode"),
+            )
             if same and row["turn"] == last["turn"] + 1:
                 before = len(last["prompt_ids"]) + len(last["output_ids"])
                 if (
@@ -199,20 +209,36 @@ class TurnMerger:
                     self._last, self._turns = row, self._turns + 1
                     self._flags.update(row.get("flags") or ())
                     self.merged += 1
+                    self.merged_by_mode[row.get("mode") or DEFAULT_MODE] += 1
                     continue
-                self.not_merged[NOT_EXTENDED] += 1
+                self._not_merged(row, NOT_EXTENDED)
             elif row["turn"]:
-                self.not_merged[GAP] += 1
+                self._not_merged(row, GAP)
             out += self._emit()
             self._last, self._spans, self._turns = row, [(len(prompt), len(prompt) + len(row["output_ids"]))], 1
             self._flags = set(row.get("flags") or ())
         return out
 
+    def _not_merged(self, row: dict, why: str) -> None:
+        self.not_merged[why] += 1
+        self.not_merged_by_mode.setdefault(row.get("mode") or DEFAULT_MODE, Counter())[why] += 1
+
     def flush(self) -> list[dict]:
         return self._emit()
 
     def stats(self) -> dict:
-        return {"merge_turns": self.merge, "turns_merged": self.merged, "turns_not_merged": dict(self.not_merged)}
+        return {
+            "merge_turns": self.merge,
+            "turns_merged": self.merged,
+            "turns_not_merged": dict(self.not_merged),
+            "by_mode": {
+                mode: {
+                    "turns_merged": self.merged_by_mode.get(mode, 0),
+                    "turns_not_merged": dict(self.not_merged_by_mode.get(mode, {})),
+                }
+                for mode in sorted(set(self.merged_by_mode) | set(self.not_merged_by_mode))
+            },
+        }
 
 
 class JsonlWriter:

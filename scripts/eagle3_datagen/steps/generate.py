@@ -100,6 +100,9 @@ def generate_category(
     builder = make_builder(facts, profile, sampling, engine, budget)
     provenance = {
         "model_fingerprint": builder.template.model_fingerprint,
+        "modes": {
+            m: {"sampling": t.sampling, "model_fingerprint": t.model_fingerprint} for m, t in builder.templates.items()
+        },
         "stop_token_ids": builder.template.stop_token_ids,
         "job": job_facts(),
     }
@@ -337,19 +340,19 @@ def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: P
     merged = dict(provenance[0])
     merged["shards"] = provenance
     with TableWriter(generations, GENERATIONS_SCHEMA, batching) as writer:
-        for keys in iter_batches(prompts, batching, columns=["id", "sample_index", "status", "turn_ends"]):
+        for keys in iter_batches(prompts, batching, columns=["id", "sample_index", "mode", "status", "turn_ends"]):
             owners = [(shard_of(k["id"], shards) if shards > 1 else 0, rows_of(k)) for k in keys]
             pieces = []
             for shard, run in itertools.groupby(owners, key=lambda o: o[0]):
                 pieces += sources[shard].take(sum(n for _, n in run))
             table = pa.Table.from_batches(pieces)
-            got = zip(table.column("id").to_pylist(), table.column("sample_index").to_pylist())
-            expected_keys = ((k["id"], k["sample_index"]) for k in keys for _ in range(rows_of(k)))
-            for k, (row_id, sample) in zip(expected_keys, got):
-                if (row_id, sample) != k:
+            got = zip(*(table.column(c).to_pylist() for c in ("id", "sample_index", "mode")))
+            expected_keys = ((k["id"], k["sample_index"], k["mode"]) for k in keys for _ in range(rows_of(k)))
+            for k, found in zip(expected_keys, got):
+                if found != k:
                     raise RuntimeError(
-                        f"{generations}: prompt row {k[0]}.{k[1]} meets shard row "
-                        f"{row_id}.{sample}: the shards are not in prompt order"
+                        f"{generations}: prompt row {k[0]}.{k[1]}@{k[2]} meets shard row "
+                        f"{found[0]}.{found[1]}@{found[2]}: the shards are not in prompt order"
                     )
             writer.write_arrow(table)
         writer.close(merged)

@@ -58,6 +58,7 @@ class Plan:
 PLAN_COLUMNS = [
     "id",
     "sample_index",
+    "mode",
     "prompt_ids",
     "max_new_tokens",
     "seed",
@@ -124,14 +125,29 @@ def make_template(facts: dict, profile: ModelProfile, sampling: dict, engine: di
     )
 
 
+def mode_sampling(sampling: dict, profile: ModelProfile) -> dict[str, dict]:
+    """{mode: sampling values}: the `sampling` param is per mode (`settings.sampling_for`); one flat
+    set of values applies to every mode."""
+    if sampling and all(isinstance(v, dict) for v in sampling.values()):
+        missing = [m for m in profile.mode_names if m not in sampling]
+        if missing:
+            raise ValueError(f"no sampling values for mode(s) {', '.join(missing)} of model {profile.name!r}")
+        return {m: dict(sampling[m]) for m in profile.mode_names}
+    return {m: dict(sampling) for m in profile.mode_names}
+
+
 def make_builder(facts: dict, profile: ModelProfile, sampling: dict, engine: dict, budget: dict) -> TurnBuilder:
-    """The requests of a category's conversations (`turns.TurnBuilder`), from its prompts table's facts;
-    `budget` (max_new_tokens, min_new_tokens, reserve_tokens) sizes the later turns' answers."""
+    """The requests of a category's conversations (`turns.TurnBuilder`), from its prompts table's facts,
+    each mode's with its own template variables and sampling; `budget` (max_new_tokens, min_new_tokens,
+    reserve_tokens) sizes the later turns' answers."""
+    per_mode = mode_sampling(sampling, profile)
+    templates = {m: make_template(facts, profile.for_mode(m), per_mode[m], engine) for m in profile.mode_names}
     return TurnBuilder(
-        make_template(facts, profile, sampling, engine),
+        templates[profile.mode],
         profile,
         Budget(**budget),
         tokenizer_sha256=facts.get("tokenizer_sha256"),
+        templates=templates,
     )
 
 

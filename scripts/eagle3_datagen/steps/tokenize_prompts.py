@@ -16,13 +16,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from eagle3_datagen.generation.turns import turn_ends
-from eagle3_datagen.settings import Budget, ModelProfile, stable_hash
+from eagle3_datagen.settings import Budget, ModelProfile, ModeMix, stable_hash
 from eagle3_datagen.storage.prompt_rows import PromptRow, ReadOptions
 from eagle3_datagen.storage.prompts import iter_prompts, without_source
 from eagle3_datagen.storage.tables import PROMPTS_SCHEMA, Batching, TableWriter
 from eagle3_datagen.tokens.templating import CONTROL_TOKEN_POLICY, ChatTokenizer
 from eagle3_datagen.tokens.token_facts import output_budget, token_facts
-from eagle3_datagen.tokens.vocabulary import load_tokenizer
+from eagle3_datagen.tokens.vocabulary import load_tokenizer, token_ids
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ def tokenize_prompts(
     turns: str = "last",
     batch: dict | None = None,
     max_unexpected_row_share: float = 0.01,
+    modes: str | None = None,
 ) -> None:
     """Tokenize one category's prompt file `source` into the prompts table `prompts`, a batch at a time.
 
@@ -57,8 +58,9 @@ def tokenize_prompts(
     row, possibly a bug) are counted apart; past `max_unexpected_row_share` of the rows they fail
     the category, whatever `on_bad_rows` says."""
     profile = ModelProfile.from_config(model)
+    mix = ModeMix.parse(modes, profile.mode_names)
     tokenizer = load_tokenizer(profile)
-    chat = ChatTokenizer(tokenizer, profile)
+    chats = mode_chats(ChatTokenizer(tokenizer, profile), profile)
     batching = Batching.from_config(batch)
     tally = Tally()
     started = time.perf_counter()
@@ -69,13 +71,14 @@ def tokenize_prompts(
                     log.warning("skipped: %s", row.reason)
             table = build_prompt_rows(
                 rows,
-                chat,
+                chats,
                 profile=profile,
                 budget=Budget(**budget),
                 category=category,
                 samples_per_prompt=samples_per_prompt,
                 base_seed=seed,
                 turns=turns,
+                mix=mix,
             )
             tally.add(rows, table)
             writer.write(table)
@@ -96,8 +99,9 @@ def tokenize_prompts(
             "reading": reading,
             "turns": turns,
             "max_unexpected_row_share": max_unexpected_row_share,
+            "modes": modes,
         }
-        writer.close(table_provenance(source, tokenizer, profile, tally, params))
+        writer.close(table_provenance(source, tokenizer, profile, tally, params, mix))
     elapsed = time.perf_counter() - started
     log.info(
         "%s: %d rows, %d usable, %d prompt tokens in %.2f s (%.0f rows/s)",
@@ -110,12 +114,26 @@ def tokenize_prompts(
     )
 
 
-def table_provenance(source: Path, tokenizer, profile: ModelProfile, tally: "Tally", params: dict) -> dict:
+def table_provenance(
+    source: Path, tokenizer, profile: ModelProfile, tally: "Tally", params: dict, mix: ModeMix | None = None
+) -> dict:
     """The prompts table's provenance: the token facts every later step reads instead of the
-    tokenizer, what normalization changed, and the step's parameters."""
+    tokenizer (each mode's prompt suffix and prompt-only ids under `modes`), the mode mix with the
+    seed that drew it, what normalization changed, and the step's parameters."""
+    mix = mix or ModeMix.parse(None, profile.mode_names)
     return {
         "prompts_file": str(source),
         **token_facts(tokenizer, profile),
+        "modes": {
+            mode: {
+                "prompt_suffix_ids": token_ids(tokenizer, profile.for_mode(mode).prompt_suffix),
+                "prompt_only_ids": token_ids(tokenizer, profile.for_mode(mode).prompt_only_tokens),
+                "chat_template_kwargs": profile.for_mode(mode).chat_template_kwargs,
+                "conversations": tally.modes[mode],
+            }
+            for mode in mix.names
+        },
+        "mode_mix": {"spec": mix.to_json(), "seed": params["seed"]},
         "control_token_policy": CONTROL_TOKEN_POLICY,
         "normalization": tally.normalization,
         "turns": params["turns"],
@@ -166,6 +184,7 @@ class Tally:
         self.first_skipped: list[str] = []
         self.first_unexpected: list[str] = []
         self.normalization: dict[str, int] = {}
+        self.modes: Counter = Counter()  # usable conversations per mode
 
     def add(self, rows: list[PromptRow], table: list[dict]) -> None:
         self.rows += len(rows)
@@ -176,14 +195,20 @@ class Tally:
                     self.first_unexpected.append(row.reason)
         for kind, n in normalization_counts(rows).items():
             self.normalization[kind] = self.normalization.get(kind, 0) + n
+        # A conversation is skipped when none of its modes can use it (its first sample of each).
+        firsts: dict[str, list[dict]] = {}
         for r in table:
             self.prompt_tokens += r["n_prompt_tokens"]
             self.max_turns = max(self.max_turns, len(r["turn_ends"]))
-            if r["status"] == "skipped" and r["sample_index"] == 0:
+            self.modes[r["mode"]] += r["sample_index"] == 0 and r["status"] == "ok"
+            if r["sample_index"] == 0:
+                firsts.setdefault(r["source"], []).append(r)
+        for requests in firsts.values():
+            if all(r["status"] == "skipped" for r in requests):
                 self.skipped += 1
-                self.reasons[reason_kind(r["reason"])] += 1
+                self.reasons[reason_kind(requests[0]["reason"])] += 1
                 if len(self.first_skipped) < self.FIRST:
-                    self.first_skipped.append(r["reason"])
+                    self.first_skipped.append(requests[0]["reason"])
 
 
 def input_batches(rows: Iterable[PromptRow], batching: Batching) -> Iterator[list[PromptRow]]:
@@ -221,9 +246,17 @@ def reason_kind(reason: str) -> str:
     return without_source(reason)[:120]
 
 
+def mode_chats(chat: ChatTokenizer, profile: ModelProfile) -> dict[str, ChatTokenizer]:
+    """A chat tokenizer per mode of the profile (`chat` is the first mode's), sharing one tokenizer."""
+    return {
+        mode: chat if mode == chat.profile.mode else ChatTokenizer(chat.tokenizer, profile.for_mode(mode))
+        for mode in profile.mode_names
+    }
+
+
 def build_prompt_rows(
     rows: list[PromptRow],
-    chat: ChatTokenizer,
+    chat: ChatTokenizer | dict[str, ChatTokenizer],
     *,
     profile: ModelProfile,
     budget: Budget,
@@ -231,47 +264,61 @@ def build_prompt_rows(
     samples_per_prompt: int = 1,
     base_seed: int = 0,
     turns: str = "last",
+    mix: ModeMix | None = None,
 ) -> list[dict]:
-    """Prompt table rows: one per (id, sample_index); skipped rows keep their reason.
+    """Prompt table rows: one per (id, mode, sample_index); skipped rows keep their reason.
 
-    `prompt_ids` are the first regenerated turn's prompt: with `turns: last` the whole conversation,
-    with `turns: all` the history up to the first user message an assistant answers (`turn_ends`)."""
+    Each conversation is rendered in its modes (`mix`, default: the profile's first mode), with that
+    mode's template variables (`chat`: a chat tokenizer per mode, or the first mode's). `prompt_ids`
+    are the first regenerated turn's prompt: with `turns: last` the whole conversation, with
+    `turns: all` the history up to the first user message an assistant answers (`turn_ends`)."""
+    chats = chat if isinstance(chat, dict) else mode_chats(chat, profile)
+    mix = mix or ModeMix.parse(None, profile.mode_names)
     usable = [r for r in rows if r.ok]
     ends = {id(r): turn_ends(r.messages, turns) for r in usable}
-    tokenized = chat.tokenize([r.messages[: ends[id(r)][0]] for r in usable], [r.tools for r in usable])
-    by_id = dict(zip((id(r) for r in usable), tokenized))
+    modes_of = {id(r): mix.of(base_seed, r.id) for r in rows}
+    by_key = {}
+    for mode in mix.names:
+        in_mode = [r for r in usable if mode in modes_of[id(r)]]
+        tokenized = chats[mode].tokenize([r.messages[: ends[id(r)][0]] for r in in_mode], [r.tools for r in in_mode])
+        by_key.update(zip(((id(r), mode) for r in in_mode), tokenized))
     out = []
     for row in rows:
         # Key order is kept as given: templates render `tools | tojson` and dict arguments as they are.
         messages_json = json.dumps(row.messages, ensure_ascii=False)
-        tokens = by_id.get(id(row))
-        prompt_ids = tokens.prompt_ids if tokens is not None else []
-        reason = row.reason
-        max_new = 0
-        if reason is None and tokens.error is not None:
-            reason = f"{row.source}: field 'messages': the chat template cannot render or encode it: {tokens.error}"
-        elif reason is None:
-            max_new, reason = output_budget(len(prompt_ids), context_length=profile.context_length, budget=budget)
-            if reason is not None:
-                reason = f"{row.source}: {reason}"
-        for sample_index in range(samples_per_prompt):
-            out.append(
-                {
-                    "id": row.id,
-                    "sample_index": sample_index,
-                    "category": category,
-                    "source": row.source,
-                    "messages": messages_json,
-                    "tools": json.dumps(row.tools, ensure_ascii=False) if row.tools else "",
-                    "messages_sha256": stable_hash([row.messages, row.tools]),
-                    "prompt_ids": prompt_ids,
-                    # Kept for a conversation skipped before its first turn too: each turn is a row.
-                    "turn_ends": ends.get(id(row), []),
-                    "n_prompt_tokens": len(prompt_ids),
-                    "max_new_tokens": max_new,
-                    "seed": row_seed(base_seed, row.id, sample_index),
-                    "status": "ok" if reason is None else "skipped",
-                    "reason": reason or "",
-                }
-            )
+        tools_json = json.dumps(row.tools, ensure_ascii=False) if row.tools else ""
+        content_sha256 = stable_hash([row.messages, row.tools])
+        for mode in modes_of[id(row)]:
+            tokens = by_key.get((id(row), mode))
+            prompt_ids = tokens.prompt_ids if tokens is not None else []
+            reason = row.reason
+            max_new = 0
+            if reason is None and tokens.error is not None:
+                reason = f"{row.source}: field 'messages': the chat template cannot render or encode it: {tokens.error}"
+            elif reason is None:
+                max_new, reason = output_budget(len(prompt_ids), context_length=profile.context_length, budget=budget)
+                if reason is not None:
+                    reason = f"{row.source}: {reason}"
+            for sample_index in range(samples_per_prompt):
+                out.append(
+                    {
+                        "id": row.id,
+                        "sample_index": sample_index,
+                        "mode": mode,
+                        "category": category,
+                        "source": row.source,
+                        "messages": messages_json,
+                        "tools": tools_json,
+                        "messages_sha256": content_sha256,
+                        "prompt_ids": prompt_ids,
+                        # Kept for a conversation skipped before its first turn too: each turn is a row.
+                        "turn_ends": ends.get(id(row), []),
+                        "n_prompt_tokens": len(prompt_ids),
+                        "max_new_tokens": max_new,
+                        # A conversation's seed is its own in every mode: a mode is what differs.
+                        "seed": row_seed(base_seed, row.id, sample_index),
+                        "status": "ok" if reason is None else "skipped",
+                        "reason": reason or "",
+                    }
+                )
     return out

@@ -24,6 +24,8 @@ PROMPTS_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
         ("sample_index", pa.int32()),
+        # The serving mode the row is rendered and sampled in (model.modes; "default" without modes).
+        ("mode", pa.string()),
         ("category", pa.string()),
         ("source", pa.string()),
         ("messages", pa.string()),
@@ -46,6 +48,7 @@ GENERATIONS_SCHEMA = pa.schema(
         ("id", pa.string()),
         ("sample_index", pa.int32()),
         ("turn", pa.int32()),
+        ("mode", pa.string()),
         ("category", pa.string()),
         # The turn's prompt as messages (later turns: with the model's own earlier answers) and tools.
         ("messages", pa.string()),
