@@ -7,7 +7,9 @@ from pathlib import Path
 
 from eagle3_datagen.figures import plot_finish_reasons, plot_token_share, plot_verdicts
 from eagle3_datagen.quality.flags import LOOP_FINISH
+from eagle3_datagen.settings import DEFAULT_MODE
 from eagle3_datagen.steps.check_parsers import VERDICTS
+from eagle3_datagen.steps.summarize import series_name
 from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_batches, iter_record_batches, read_provenance
 
 
@@ -24,37 +26,60 @@ class VerdictTally:
         return sum(self.verdicts.values())
 
 
-def tally_verdicts(path: str | Path, batching: Batching = DEFAULT_BATCHING) -> VerdictTally:
-    tally = VerdictTally()
-    for batch in iter_batches(path, batching, columns=["verdict", "n_reasoning_tokens", "n_answer_tokens"]):
-        tally.verdicts.update(r["verdict"] for r in batch)
-        tally.reasoning_tokens += sum(r["n_reasoning_tokens"] for r in batch)
-        tally.answer_tokens += sum(r["n_answer_tokens"] for r in batch)
-    return tally
+def tally_verdicts(path: str | Path, batching: Batching = DEFAULT_BATCHING) -> dict[str, VerdictTally]:
+    """Per serving mode: rows per verdict, reasoning and answer tokens, streamed."""
+    tallies: dict[str, VerdictTally] = {}
+    for batch in iter_batches(path, batching, columns=["mode", "verdict", "n_reasoning_tokens", "n_answer_tokens"]):
+        for r in batch:
+            tally = tallies.setdefault(r["mode"] or DEFAULT_MODE, VerdictTally())
+            tally.verdicts[r["verdict"]] += 1
+            tally.reasoning_tokens += r["n_reasoning_tokens"]
+            tally.answer_tokens += r["n_answer_tokens"]
+    return tallies
 
 
-def tally_finishes(path: str | Path, reasoning_end_id: int | None, batching: Batching = DEFAULT_BATCHING) -> tuple:
-    """Rows per way an answer ended (FINISHES), streamed; only truncated rows' ids are looked at."""
-    stop = after = inside = loop = failed = skipped = 0
-    for batch in iter_record_batches(path, batching, columns=["status", "finish_type", "output_ids"]):
+# The ways an answer ended, in the order `tally_finishes` counts them.
+FINISH_KINDS = ("stop", "after", "inside", "loop", "failed", "skipped")
+
+
+def tally_finishes(
+    path: str | Path, reasoning_end_id: int | None, batching: Batching = DEFAULT_BATCHING
+) -> dict[str, tuple]:
+    """Per serving mode, rows per way an answer ended (FINISH_KINDS), streamed; only truncated rows'
+    ids are looked at."""
+    counts: dict[str, Counter] = {}
+    for batch in iter_record_batches(path, batching, columns=["mode", "status", "finish_type", "output_ids"]):
+        modes = batch["mode"].to_pylist()
         status = batch["status"].to_pylist()
         finish = batch["finish_type"].to_pylist()
         for i, (s, f) in enumerate(zip(status, finish)):
+            c = counts.setdefault(modes[i] or DEFAULT_MODE, Counter())
             if s == "failed":
-                failed += 1
+                c["failed"] += 1
             elif s == "skipped":
-                skipped += 1
+                c["skipped"] += 1
             elif s == "ok" and f == LOOP_FINISH:
-                loop += 1
+                c["loop"] += 1
             elif s == "ok" and f != "length":
-                stop += 1
+                c["stop"] += 1
             elif s == "ok":
                 output = batch["output_ids"][i].values.to_numpy()
                 if reasoning_end_id is not None and not (output == reasoning_end_id).any():
-                    inside += 1
+                    c["inside"] += 1
                 else:
-                    after += 1
-    return stop, after, inside, loop, failed, skipped
+                    c["after"] += 1
+    return {mode: tuple(c[k] for k in FINISH_KINDS) for mode, c in counts.items()}
+
+
+def by_series(per_category: dict[str, dict]) -> dict:
+    """{category: {mode: value}} as the figures' series: by category, or by category and mode
+    ("math (instant)") where the run has several modes."""
+    several = len({mode for by_mode in per_category.values() for mode in by_mode}) > 1
+    return {
+        series_name(category, mode, several): value
+        for category, by_mode in per_category.items()
+        for mode, value in by_mode.items()
+    }
 
 
 def plot_checks(
@@ -70,10 +95,10 @@ def plot_checks(
     """Draw the parser-check verdicts, reasoning share and finish reasons of every category, each
     from one streamed pass over its files."""
     batching = Batching.from_config(batch)
-    by_category = {c: tally_verdicts(p, batching) for c, p in zip(categories, verdicts)}
+    by_category = by_series({c: tally_verdicts(p, batching) for c, p in zip(categories, verdicts)})
     # The id of the reasoning end token, as tokenize_prompts read it from the tokenizer.
     reasoning_end = read_provenance(generations[0])["prompts"]["reasoning_end_id"] if generations else None
-    finishes = {c: tally_finishes(p, reasoning_end, batching) for c, p in zip(categories, generations)}
+    finishes = by_series({c: tally_finishes(p, reasoning_end, batching) for c, p in zip(categories, generations)})
     plot_verdicts(by_category, verdicts_png, VERDICTS)
     plot_token_share(by_category, token_share_png)
     plot_finish_reasons(finishes, finish_reasons_png)

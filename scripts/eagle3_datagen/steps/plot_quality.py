@@ -15,6 +15,7 @@ import pandas as pd
 
 from eagle3_datagen.figures import _pyplot, _save
 from eagle3_datagen.quality.flags import CODES, QualitySettings
+from eagle3_datagen.steps.summarize import ALL_MODES, series_name
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +30,24 @@ def _require(frame: pd.DataFrame, columns: list[str], table: str) -> None:
         raise ValueError(f"{table} lacks the quality columns {missing} (summarize writes them): rerun summarize")
 
 
+def _mode_rows(summary: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
+    """The summary's rows of one category and mode each (no totals, no whole-category `all` rows),
+    and whether the run has several modes."""
+    rows = summary[summary["category"] != "total"]
+    if "mode" not in rows.columns:
+        return rows, False
+    rows = rows[rows["mode"] != ALL_MODES]
+    return rows, rows["mode"].nunique() > 1
+
+
 def flags_by_category(summary: pd.DataFrame) -> dict[str, dict[str, tuple[int, int]]]:
-    """Per category (the total row aside): per code, (rows flagged and kept, rows flagged and quarantined)."""
+    """Per category, and per category and mode where the run has several (the totals aside): per code,
+    (rows flagged and kept, rows flagged and quarantined)."""
     _require(summary, [f"{p}_{code}" for code in CODES for p in ("flag", "quarantined")], "the summary table")
     out = {}
-    for _, row in summary[summary["category"] != "total"].iterrows():
-        out[str(row["category"])] = {
+    rows, several = _mode_rows(summary)
+    for _, row in rows.iterrows():
+        out[series_name(str(row["category"]), str(row.get("mode", "")), several)] = {
             code: (int(row[f"flag_{code}"]) - int(row[f"quarantined_{code}"]), int(row[f"quarantined_{code}"]))
             for code in CODES
         }
@@ -119,7 +132,6 @@ def plot_quality(*, summary: Path, turns_summary: Path, quality_png: Path, quali
     summary_frame = pd.read_csv(summary, sep="\t")
     turns_frame = pd.read_csv(turns_summary, sep="\t")
     _save(draw_quality(summary_frame, turns_frame, policies), quality_png)
-    flagged = {
-        code: int(summary_frame.loc[summary_frame["category"] != "total", f"flag_{code}"].sum()) for code in CODES
-    }
+    rows, _ = _mode_rows(summary_frame)
+    flagged = {code: int(rows[f"flag_{code}"].sum()) for code in CODES}
     log.info("rows flagged per code (policies %s): %s", policies, flagged)

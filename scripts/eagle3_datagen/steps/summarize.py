@@ -1,7 +1,7 @@
-"""Per-category accounting.
+"""Per-category and per-mode accounting.
 
-The summary counts every row (id, sample_index, turn) exactly once, as ok (exported), skipped, failed
-or filtered. It is computed from one streamed pass over each category's generations (lengths from
+The summary counts every row (id, sample_index, turn, mode) exactly once, as ok (exported), skipped,
+failed or filtered, per category and serving mode. It is computed from one streamed pass over each category's generations (lengths from
 the Parquet list offsets) and its rejected records. The turns table counts the same rows per turn
 index, with the reason of every row that was not produced (a conversation that ended early).
 """
@@ -18,25 +18,28 @@ import pyarrow.compute as pc
 
 from eagle3_datagen.figures import plot_lengths, plot_turns
 from eagle3_datagen.quality.flags import CODES
+from eagle3_datagen.settings import DEFAULT_MODE
 from eagle3_datagen.storage.prompts import without_source
 from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_record_batches, read_provenance
 
 log = logging.getLogger(__name__)
 
 STATUSES = ("ok", "skipped", "failed", "filtered")
+# The mode of a summary row that counts every mode of its category (or of the run).
+ALL_MODES = "all"
 # What reading the prompt files changed (prompt_rows._sharegpt_fixes, ReadOptions.system_prompt), per category.
 NORMALIZATION = ("speakers_mapped", "leading_assistant_dropped", "same_speaker_merged", "system_prompt_added")
 
 
 # The generations columns the summary reads; token ids only as list lengths, never as Python lists.
-SCAN_COLUMNS = ["id", "sample_index", "turn", "status", "finish_type", "error", "prompt_ids", "output_ids"]
+SCAN_COLUMNS = ["id", "sample_index", "turn", "mode", "status", "finish_type", "error", "prompt_ids", "output_ids"]
 
 
 def scan_generations(path: str | Path, batching: Batching = DEFAULT_BATCHING) -> Iterator[dict]:
     """A generations table a batch at a time, as columns: keys, status and finish type as lists, the
     prompt and output lengths as numpy arrays (read from the list offsets, no ids are converted)."""
     for batch in iter_record_batches(path, batching, columns=SCAN_COLUMNS):
-        columns = batch.select(["id", "sample_index", "turn", "status", "finish_type", "error"]).to_pydict()
+        columns = batch.select(["id", "sample_index", "turn", "mode", "status", "finish_type", "error"]).to_pydict()
         columns["n_prompt"] = pc.list_value_length(batch["prompt_ids"]).to_numpy(zero_copy_only=False)
         columns["n_output"] = pc.list_value_length(batch["output_ids"]).to_numpy(zero_copy_only=False)
         yield columns
@@ -65,22 +68,71 @@ def reason_kind(reason: str) -> str:
 
 
 def read_rejected(rejected: str | Path) -> tuple[dict, dict, dict, dict]:
-    """(rows per status, the filtered rows' reasons and quality flags by key, flag counts) of a
-    category's rejected records. `quarantined_<code>` counts the flagged rows that were left out,
-    whichever flag (its record's `code`) or export filter left them out."""
-    counts = {s: 0 for s in STATUSES}
+    """({mode: rows per status}, the filtered rows' reasons and quality flags by key, {mode: flag
+    counts}) of a category's rejected records. `quarantined_<code>` counts the flagged rows that were
+    left out, whichever flag (its record's `code`) or export filter left them out."""
+    counts: dict[str, dict] = {}
+    quality: dict[str, dict] = {}
     filtered, flagged = {}, {}  # generated (status ok) but left out of the dataset; ok keys are unique
-    quality = {f"flag_{code}": 0 for code in CODES} | {f"quarantined_{code}": 0 for code in CODES}
     for r in iter_jsonl(rejected):
-        counts[r["status"]] += 1
+        mode = r.get("mode") or DEFAULT_MODE
+        counts.setdefault(mode, {s: 0 for s in STATUSES})[r["status"]] += 1
+        tally = quality.setdefault(mode, _quality_counts())
         if r["status"] == "filtered":
-            key = (r["id"], r["sample_index"], r.get("turn", 0))
+            key = (r["id"], r["sample_index"], r.get("turn", 0), mode)
             filtered[key] = r["reason"]
             flagged[key] = r.get("flags") or ()
             for code in flagged[key]:  # a filtered row's flags were all left out with it
-                quality[f"flag_{code}"] += 1
-                quality[f"quarantined_{code}"] += 1
+                tally[f"flag_{code}"] += 1
+                tally[f"quarantined_{code}"] += 1
     return counts, filtered, flagged, quality
+
+
+def _quality_counts() -> dict:
+    return {f"flag_{code}": 0 for code in CODES} | {f"quarantined_{code}": 0 for code in CODES}
+
+
+class _ModeTally:
+    """One (category, mode)'s counts, as the summary row is made of them."""
+
+    def __init__(self):
+        self.statuses = {s: 0 for s in STATUSES}
+        self.quality = _quality_counts()
+        self.rows = self.n_ok = self.truncated = self.ok_output = self.prompt_tokens = self.output_tokens = 0
+        self.turns_merged = 0
+        self.not_merged: Counter = Counter()
+
+    def add(self, other: "_ModeTally") -> "_ModeTally":
+        for key in self.statuses:
+            self.statuses[key] += other.statuses[key]
+        for key in self.quality:
+            self.quality[key] += other.quality[key]
+        for key in ("rows", "n_ok", "truncated", "ok_output", "prompt_tokens", "output_tokens", "turns_merged"):
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        self.not_merged.update(other.not_merged)
+        return self
+
+    def row(self, category: str, mode: str, normalization: dict | None) -> dict:
+        """The summary row; `normalization` (what reading the file changed) only on a category's
+        whole row: it counts conversations as read, before any mode."""
+        n_ok = self.n_ok
+        return {
+            "category": category,
+            "mode": mode,
+            "rows": self.rows,
+            **self.statuses,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "mean_output_tokens": round(self.ok_output / n_ok, 1) if n_ok else 0.0,
+            "truncated_share": round(self.truncated / n_ok, 4) if n_ok else 0.0,
+            **self.quality,
+            "turns_merged": self.turns_merged,
+            "turns_not_merged": int(sum(self.not_merged.values())),
+            "why_not_merged": "; ".join(f"{n} x {why}" for why, n in sorted(self.not_merged.items())),
+            **{
+                kind: (int(normalization.get(kind, 0)) if normalization is not None else None) for kind in NORMALIZATION
+            },
+        }
 
 
 def category_summary(
@@ -91,27 +143,30 @@ def category_summary(
     batching: Batching = DEFAULT_BATCHING,
     merging: dict | None = None,
     turns: Counter | None = None,
-) -> tuple[dict, tuple[list[int], list[int]]]:
-    """(the category's summary row, the prompt and output lengths of its ok rows), streamed.
+) -> tuple[list[dict], dict[str, tuple[list[int], list[int]]]]:
+    """(the category's summary rows: one per serving mode, and the whole category as mode `all` when
+    it has several; the prompt and output lengths of its ok rows per mode), streamed.
 
-    `turns`, when given, gets (turn, status, reason kind) -> [rows, output tokens] of every row."""
+    `turns`, when given, gets (mode, turn, status, reason kind) -> [rows, output tokens, flags] of every row."""
     counts, filtered, flagged, quality = read_rejected(rejected)
-    n_rejected = sum(counts.values())
-    kept_flags = ((merging or {}).get("quality") or {}).get("kept_flags") or {}
-    for code, per_turn in kept_flags.items():
-        quality[f"flag_{code}"] += sum(per_turn.values())
-    rows = n_ok = truncated = ok_output = prompt_tokens = output_tokens = 0
-    prompt_lengths: list[int] = []
-    output_lengths: list[int] = []
+    merging = merging or {}
+    gate = merging.get("quality") or {}
+    kept_by_mode = gate.get("kept_flags_by_mode")
+    if kept_by_mode is None:  # a dataset exported before modes: its one mode
+        kept_by_mode = {DEFAULT_MODE: gate.get("kept_flags") or {}}
+    tallies: dict[str, _ModeTally] = {}
+    lengths: dict[str, tuple[list[int], list[int]]] = {}
     for batch in scan_generations(generations, batching):
-        rows += len(batch["id"])
         for i, status in enumerate(batch["status"]):
+            mode = batch["mode"][i] or DEFAULT_MODE
+            tally = tallies.get(mode) or tallies.setdefault(mode, _ModeTally())
+            tally.rows += 1
             n_output = int(batch["n_output"][i])
-            key = (batch["id"][i], batch["sample_index"][i], batch["turn"][i])
+            key = (batch["id"][i], batch["sample_index"][i], batch["turn"][i], mode)
             if turns is not None:
                 final = "filtered" if status == "ok" and key in filtered else status
                 why = filtered.get(key, "") if final == "filtered" else batch["error"][i] or ""
-                cell = turns.setdefault((int(batch["turn"][i]), final, reason_kind(why)), [0, 0, Counter()])
+                cell = turns.setdefault((mode, int(batch["turn"][i]), final, reason_kind(why)), [0, 0, Counter()])
                 cell[0] += 1
                 cell[1] += n_output
                 if final == "filtered":
@@ -119,45 +174,48 @@ def category_summary(
             if status != "ok":
                 continue
             n_prompt = int(batch["n_prompt"][i])
-            n_ok += 1
-            ok_output += n_output
-            truncated += batch["finish_type"][i] == "length"
-            prompt_lengths.append(n_prompt)
-            output_lengths.append(n_output)
+            tally.n_ok += 1
+            tally.ok_output += n_output
+            tally.truncated += batch["finish_type"][i] == "length"
+            pair = lengths.setdefault(mode, ([], []))
+            pair[0].append(n_prompt)
+            pair[1].append(n_output)
             if key not in filtered:
-                prompt_tokens += n_prompt
-                output_tokens += n_output
-    counts["ok"] = rows - n_rejected
-    if turns is not None:
-        for code, per_turn in kept_flags.items():
-            for turn, n in per_turn.items():
-                turns.setdefault((int(turn), "ok", ""), [0, 0, Counter()])[2][code] += n
-    merging = merging or {}
-    summary = {
-        "category": category,
-        "rows": rows,
-        **counts,
-        "prompt_tokens": prompt_tokens,
-        "output_tokens": output_tokens,
-        "mean_output_tokens": round(ok_output / n_ok, 1) if n_ok else 0.0,
-        "truncated_share": round(truncated / n_ok, 4) if n_ok else 0.0,
-        **quality,
-        "turns_merged": int(merging.get("turns_merged", 0)),
-        "turns_not_merged": int(sum((merging.get("turns_not_merged") or {}).values())),
-        "why_not_merged": "; ".join(
-            f"{n} x {why}" for why, n in sorted((merging.get("turns_not_merged") or {}).items())
-        ),
-        **{kind: int((normalization or {}).get(kind, 0)) for kind in NORMALIZATION},
-    }
-    return summary, (prompt_lengths, output_lengths)
+                tally.prompt_tokens += n_prompt
+                tally.output_tokens += n_output
+    for mode, tally in tallies.items():
+        tally.statuses.update(counts.get(mode, {}))
+        tally.statuses["ok"] = tally.rows - sum(counts.get(mode, {}).values())
+        tally.quality.update(quality.get(mode, {}))
+        for code, per_turn in (kept_by_mode.get(mode) or {}).items():
+            tally.quality[f"flag_{code}"] += sum(per_turn.values())
+            if turns is not None:
+                for turn, n in per_turn.items():
+                    turns.setdefault((mode, int(turn), "ok", ""), [0, 0, Counter()])[2][code] += n
+        by_mode = (merging.get("by_mode") or {}).get(mode)
+        if by_mode is None and len(tallies) == 1:  # a dataset exported before modes
+            by_mode = merging
+        tally.turns_merged = int((by_mode or {}).get("turns_merged", 0))
+        tally.not_merged.update((by_mode or {}).get("turns_not_merged") or {})
+    if not tallies:  # an empty category still has its row
+        tallies[DEFAULT_MODE] = _ModeTally()
+    if len(tallies) == 1:
+        ((mode, tally),) = tallies.items()
+        return [tally.row(category, mode, normalization or {})], lengths
+    whole = _ModeTally()
+    for tally in tallies.values():
+        whole.add(tally)
+    rows = [tally.row(category, mode, None) for mode, tally in tallies.items()]
+    return rows + [whole.row(category, ALL_MODES, normalization or {})], lengths
 
 
 def write_turns(per_category: dict[str, Counter], path: Path) -> pd.DataFrame:
-    """Rows and output tokens per category, turn index, status and reason (the turns table), and how
-    many of those rows each quality flag marks (`flag_<code>`)."""
+    """Rows and output tokens per category, mode, turn index, status and reason (the turns table), and
+    how many of those rows each quality flag marks (`flag_<code>`)."""
     records = [
         {
             "category": category,
+            "mode": mode,
             "turn": turn,
             "status": status,
             "reason": reason,
@@ -166,46 +224,66 @@ def write_turns(per_category: dict[str, Counter], path: Path) -> pd.DataFrame:
             **{f"flag_{code}": int(flags[code]) for code in CODES},
         }
         for category, cells in per_category.items()
-        for (turn, status, reason), (n, tokens, flags) in sorted(cells.items())
+        for (mode, turn, status, reason), (n, tokens, flags) in sorted(cells.items())
     ]
-    columns = ["category", "turn", "status", "reason", "rows", "output_tokens", *(f"flag_{c}" for c in CODES)]
+    columns = ["category", "mode", "turn", "status", "reason", "rows", "output_tokens", *(f"flag_{c}" for c in CODES)]
     frame = pd.DataFrame(records, columns=columns)
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, sep="\t", index=False)
     return frame
 
 
-def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
-    frame = pd.DataFrame(rows)
-    total = {"category": "total"}
-    for col in (
-        "rows",
-        *STATUSES,
-        "prompt_tokens",
-        "output_tokens",
-        "turns_merged",
-        "turns_not_merged",
-        *NORMALIZATION,
-        *(f"flag_{code}" for code in CODES),
-        *(f"quarantined_{code}" for code in CODES),
-    ):
+SUMMED = (
+    "rows",
+    *STATUSES,
+    "prompt_tokens",
+    "output_tokens",
+    "turns_merged",
+    "turns_not_merged",
+    *(f"flag_{code}" for code in CODES),
+    *(f"quarantined_{code}" for code in CODES),
+)
+
+
+def _total(frame: pd.DataFrame, mode: str, normalization: bool) -> dict:
+    """A total row over summary rows that do not overlap."""
+    total = {"category": "total", "mode": mode}
+    for col in SUMMED:
         total[col] = int(frame[col].sum())
-    ok_total = int(frame["ok"].sum()) + int(frame["filtered"].sum())
-    total["mean_output_tokens"] = (
-        round(float((frame["mean_output_tokens"] * (frame["ok"] + frame["filtered"])).sum()) / ok_total, 1)
-        if ok_total
-        else 0.0
-    )
-    total["truncated_share"] = (
-        round(float((frame["truncated_share"] * (frame["ok"] + frame["filtered"])).sum()) / ok_total, 4)
-        if ok_total
-        else 0.0
-    )
+    generated = frame["ok"] + frame["filtered"]
+    n = int(generated.sum())
+    total["mean_output_tokens"] = round(float((frame["mean_output_tokens"] * generated).sum()) / n, 1) if n else 0.0
+    total["truncated_share"] = round(float((frame["truncated_share"] * generated).sum()) / n, 4) if n else 0.0
     total["why_not_merged"] = ""
-    frame = pd.concat([frame, pd.DataFrame([total])], ignore_index=True)
+    for kind in NORMALIZATION:
+        total[kind] = int(frame[kind].sum()) if normalization else None
+    return total
+
+
+def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
+    """The summary table: a row per category and mode, a category's whole row (mode `all`) where it
+    has several modes, then the totals: per mode where the run has several, and over everything.
+
+    Rows of one mode never overlap; so `frame[frame["mode"] != "all"]` sums to the totals."""
+    frame = pd.DataFrame(rows)
+    per_mode = frame[frame["mode"] != ALL_MODES]
+    modes = list(dict.fromkeys(per_mode["mode"]))
+    whole = frame[(frame["mode"] == ALL_MODES) | ~frame["category"].isin(frame[frame["mode"] == ALL_MODES]["category"])]
+    totals = []
+    if len(modes) > 1:
+        totals += [_total(per_mode[per_mode["mode"] == mode], mode, False) for mode in modes]
+    totals.append(_total(whole, ALL_MODES if len(modes) > 1 else (modes[0] if modes else DEFAULT_MODE), True))
+    frame = pd.concat([frame, pd.DataFrame(totals)], ignore_index=True)
+    for kind in NORMALIZATION:
+        frame[kind] = frame[kind].astype("Int64")
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, sep="\t", index=False)
     return frame
+
+
+def series_name(category: str, mode: str, several_modes: bool) -> str:
+    """A figure's name for a category's rows of one mode: "math (instant)" where the run has several modes."""
+    return f"{category} ({mode})" if several_modes else category
 
 
 def iter_jsonl(path: str | Path) -> Iterator[dict]:
@@ -234,7 +312,7 @@ def summarize(
     for category, gen_path, rej_path, dataset_path in zip(categories, generations, rejected, dataset_parquet):
         normalization = read_provenance(gen_path).get("prompts", {}).get("normalization", {})
         per_turn[category] = Counter()
-        row, lengths[category] = category_summary(
+        summary_rows, lengths[category] = category_summary(
             category,
             gen_path,
             rej_path,
@@ -243,11 +321,22 @@ def summarize(
             merging=read_provenance(dataset_path),
             turns=per_turn[category],
         )
-        rows.append(row)
+        rows += summary_rows
     frame = write_summary(rows, summary)
     turns = write_turns(per_turn, turns_summary)
-    plot_lengths(lengths, lengths_png)
-    plot_turns(turns, turns_png)
+    # The figures draw a series per category, and per category and mode where the run has several.
+    several = len({mode for by_mode in lengths.values() for mode in by_mode} | set(turns["mode"])) > 1
+    plot_lengths(
+        {
+            series_name(category, mode, several): pair
+            for category, by_mode in lengths.items()
+            for mode, pair in by_mode.items()
+        },
+        lengths_png,
+    )
+    plot_turns(
+        turns.assign(category=[series_name(c, m, several) for c, m in zip(turns["category"], turns["mode"])]), turns_png
+    )
     log.info("summary:\n%s", frame.to_string(index=False))
     log.info("rows per turn:\n%s", turns.to_string(index=False))
     return frame
