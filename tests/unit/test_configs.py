@@ -31,8 +31,20 @@ def test_unknown_keys_are_rejected():
 def test_production_examples_follow_the_model_cards():
     kimi = yaml.safe_load((ROOT / "config" / "kimi-k2.5.yaml").read_text())
     assert kimi["engine"]["sglang"]["tp_size"] == 8 and kimi["engine"]["sglang"]["trust_remote_code"]
-    assert kimi["model"]["chat_template_kwargs"] == {"thinking": True}
-    assert (kimi["sampling"]["temperature"], kimi["sampling"]["top_p"]) == (1.0, 0.95)
+    modes = kimi["model"]["modes"]
+    assert modes["thinking"]["chat_template_kwargs"] == {"thinking": True}
+    assert modes["instant"]["chat_template_kwargs"] == {"thinking": False}
+    # The card's sampling per mode: thinking at temperature 1.0, instant at 0.6, top_p 0.95 in both.
+    assert (modes["thinking"]["sampling"]["temperature"], modes["thinking"]["sampling"]["top_p"]) == (1.0, 0.95)
+    assert (modes["instant"]["sampling"]["temperature"], modes["instant"]["sampling"]["top_p"]) == (0.6, 0.95)
+    qwen = yaml.safe_load((ROOT / "config" / "qwen3.yaml").read_text())["model"]["modes"]
+    assert qwen["thinking"]["chat_template_kwargs"] == {"enable_thinking": True}
+    assert qwen["instant"]["chat_template_kwargs"] == {"enable_thinking": False}
+    # Qwen3's card: thinking 0.6 / 0.95, non-thinking 0.7 / 0.8, top_k 20 in both.
+    assert [(m["sampling"]["temperature"], m["sampling"]["top_p"], m["sampling"]["top_k"]) for m in qwen.values()] == [
+        (0.6, 0.95, 20),
+        (0.7, 0.8, 20),
+    ]
 
 
 def test_a_slurm_run_reads_job_states_with_what_works_or_is_refused_before_any_job():
