@@ -66,12 +66,15 @@ def plot_turns(turns, path: Path) -> None:
     _save(fig, path)
 
 
-def plot_projection(rows: list[dict], path: Path) -> None:
+def plot_projection(rows: list[dict], path: Path, labels: list[str] | None = None) -> None:
     """Projected output tokens and GPU-hours (server-hours where the server's GPUs are unknown) per
-    category, with the 95 % interval from the pilot sample's spread."""
+    projection row (a category, or one of its serving modes), with the 95 % interval from the pilot
+    sample's spread; `labels` name the bars (default: the rows' categories)."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    names = [r["category"] for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(max(11, 0.6 * len(rows) + 4), 4))
+    names = labels if labels is not None else [r["category"] for r in rows]
+    if len(names) != len(rows):
+        raise ValueError(f"{len(names)} labels for {len(rows)} projection rows")
     x = range(len(rows))
     axes[0].bar(x, [r["output_tokens"] for r in rows], yerr=[r["output_tokens_ci95"] for r in rows], capsize=4)
     axes[0].set_title("Projected output tokens (95 % interval)")

@@ -15,14 +15,8 @@ from eagle3_datagen.quality.flags import CODES, LOOP_FINISH, QualityFacts, Quali
 from eagle3_datagen.quality.loops import LoopSettings
 from eagle3_datagen.settings import defaults
 from eagle3_datagen.steps.generate import generate
-from eagle3_datagen.steps.pilot import (
-    pilot_generate,
-    project,
-    project_pilot,
-    row_quality,
-    sample_keys,
-    wilson_interval,
-)
+from eagle3_datagen.steps.pilot import COUNTED, pilot_generate, project_pilot, row_quality, sample_keys
+from eagle3_datagen.steps.projection import category_rows, project, wilson_interval
 from eagle3_datagen.storage.tables import GENERATIONS_SCHEMA, TableWriter, read_rows
 from engine_thread import running_engine
 
@@ -129,9 +123,9 @@ def test_the_projection_meets_the_full_run_and_the_pilot_is_not_paid_twice(
     for code in CODES:
         assert row[f"{code}_low"] <= row[f"{code}_share"] <= row[f"{code}_high"], code
     table = (tmp_path / "projection.tsv").read_text().splitlines()
-    assert table[0].split("\t")[:4] == ["category", "conversations", "sampled", "requests"] and table[-1].startswith(
-        "total"
-    )
+    assert table[0].split("\t")[:5] == ["category", "mode", "conversations", "sampled", "requests"]
+    assert [line.split("\t")[:2] for line in table[1:]] == [["cat", "default"], ["total", "default"]]
+    assert run["usable_by_mode"] == {"default": 240} and run["sampled_by_mode"] == {"default": 30}
     assert (tmp_path / "projection.png").stat().st_size > 0
 
 
@@ -241,3 +235,156 @@ def test_the_projection_gives_the_flags_shares_and_the_hours_with_and_without_th
     assert table["repetition_loop_share"][0] == table["repetition_loop_share"][1] == str(row["repetition_loop_share"])
     assert table["gpu_hours_no_live_stop"][1] == str(row["gpu_hours_no_live_stop"])
     assert "cat quality flags among 5 pilot rows: repetition_loop 2 (40.0 %" in caplog.text
+
+
+# The demo's Kimi-shaped profile with its two serving modes (config/config.yaml).
+KIMI_MODES = {
+    "name": "kimi-shaped-test",
+    "context_length": 4096,
+    "reasoning_end": "</think>",
+    "stop_tokens": ["<|im_end|>"],
+    "prompt_only_tokens": ["<think>"],
+    "reasoning_parser": "kimi_k2",
+    "tool_call_parser": "kimi_k2",
+    "modes": {
+        "thinking": {"chat_template_kwargs": {"thinking": True}, "prompt_suffix": ["<think>"]},
+        "instant": {"chat_template_kwargs": {"thinking": False}, "prompt_suffix": ["<think>", "</think>"]},
+    },
+}
+
+
+def tokenized(tmp_path, category, rows, model, modes):
+    from eagle3_datagen.steps.tokenize_prompts import tokenize_prompts
+
+    source = tmp_path / f"{category}.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = tmp_path / "prompts" / f"{category}.parquet"
+    tokenize_prompts(
+        source=source,
+        prompts=prompts,
+        category=category,
+        model=model,
+        budget=BUDGET,
+        samples_per_prompt=1,
+        seed=7,
+        on_bad_rows="quarantine",
+        turns="all",
+        modes=modes,
+    )
+    return prompts
+
+
+def test_a_category_that_mixes_modes_is_projected_per_mode_and_in_all(tmp_path, kimi_tokenizer_dir, caplog):
+    caplog.set_level(logging.INFO)
+    model = defaults("model", **KIMI_MODES, tokenizer=str(kimi_tokenizer_dir))
+    sampling = {"thinking": SAMPLING, "instant": {**SAMPLING, "temperature": 0.6}}
+    # math mixes the modes; chat has none in its cell: the profile's first mode only.
+    categories = {"math": ("thinking:0.6,instant:0.4", talks(90) + [{"id": "bad"}]), "chat": (None, talks(40))}
+    prompts = {c: tokenized(tmp_path, c, rows, model, modes) for c, (modes, rows) in categories.items()}
+
+    def pilot(category, kind):
+        return tmp_path / "pilot" / f"{category}.{kind}"
+
+    with running_engine(ScriptedBackend(str(kimi_tokenizer_dir)), record=tmp_path / "record.jsonl") as url:
+        engine = defaults("engine", kind="external", external={"urls": [url]})
+        runs = {
+            c: pilot_generate(
+                prompts=prompts[c],
+                pilot_generations=pilot(c, "parquet"),
+                pilot_run=pilot(c, "json"),
+                pilot_server_log=tmp_path / f"{c}.log",
+                category=c,
+                model=model,
+                sampling=sampling,
+                engine=engine,
+                budget=BUDGET,
+                client=CLIENT,
+                cache_dir=str(tmp_path / "cache"),
+                pilot=PILOT,
+                seed=7,
+            )  # fmt: skip
+            for c in categories
+        }
+    returned = project_pilot(
+        categories=list(categories),
+        pilot_generations=[pilot(c, "parquet") for c in categories],
+        pilot_run=[pilot(c, "json") for c in categories],
+        projection=tmp_path / "projection.tsv",
+        projection_png=tmp_path / "projection.png",
+    )
+    import pandas as pd
+
+    frame = pd.read_csv(tmp_path / "projection.tsv", sep="\t")
+    table = {(r["category"], r["mode"]): r for r in frame.to_dict("records")}
+    assert list(frame.columns[:3]) == ["category", "mode", "conversations"]
+    assert list(table) == [("math", "thinking"), ("math", "instant"), ("math", "all"), ("chat", "thinking"),
+                           ("total", "thinking"), ("total", "instant"), ("total", "all")]  # fmt: skip
+    assert [(r["category"], r["mode"]) for r in returned] == list(table)[:4]  # the categories' rows
+    # Each mode's population is its usable rows in the prompts table; its sample, the pilot's rows of that mode.
+    for (category, mode), row in table.items():
+        if category == "total" or mode == "all":
+            continue
+        usable = [r for r in read_rows(prompts[category]) if r["status"] == "ok" and r["mode"] == mode]
+        generated = [r for r in read_rows(pilot(category, "parquet")) if r["mode"] == mode]
+        sample = {(r["id"], r["sample_index"]) for r in generated}
+        assert row["conversations"] == len(usable) == runs[category]["usable_by_mode"][mode] > 0, (category, mode)
+        assert row["sampled"] == len(sample) == runs[category]["sampled_by_mode"][mode] > 0, (category, mode)
+        # Each mode is drawn on its own: its share of the sample, at least min_rows.
+        wanted = max(PILOT["min_rows"], math.ceil(PILOT["fraction"] * len(usable)))
+        assert len(sample) == min(len(usable), wanted), (category, mode)
+        sent = [r for r in generated if r["status"] in ("ok", "failed")]
+        for key, total in (("requests", len(sent)), ("output_tokens", sum(len(r["output_ids"]) for r in sent))):
+            assert abs(row[key] - total / len(sample) * len(usable)) <= 0.5, (category, mode, key)
+        assert row["pilot_rows"] == sum(r["status"] == "ok" for r in generated)
+    assert runs["math"]["usable_conversations"] == 90 == sum(runs["math"]["usable_by_mode"].values())
+    # A category's all row and the totals sum the rows they cover, their intervals in quadrature.
+    covers = {
+        ("math", "all"): [("math", "thinking"), ("math", "instant")],
+        ("total", "thinking"): [("math", "thinking"), ("chat", "thinking")],
+        ("total", "instant"): [("math", "instant")],
+        ("total", "all"): [("math", "thinking"), ("math", "instant"), ("chat", "thinking")],
+    }
+    for name, parts in covers.items():
+        rows = [table[p] for p in parts]
+        for key in ("conversations", "sampled", "requests", "prompt_tokens", "output_tokens", "pilot_rows",
+                    "output_tokens_live_stop", "repetition_loop_rows"):  # fmt: skip
+            assert table[name][key] == sum(r[key] for r in rows), (name, key)
+        assert table[name]["server_hours"] == pytest.approx(sum(r["server_hours"] for r in rows), abs=1e-3)
+        ci = math.sqrt(sum(r["output_tokens_ci95"] ** 2 for r in rows))
+        assert table[name]["output_tokens_ci95"] == pytest.approx(ci, abs=1e-3), name
+    assert table["total", "all"]["requests"] == table["math", "all"]["requests"] + table["chat", "thinking"]["requests"]
+    # Per-mode bars and log lines: "category (mode)".
+    assert (tmp_path / "projection.png").stat().st_size > 0
+    for label in ("math (instant)", "math (all)", "chat (thinking)", "total (instant)"):
+        assert f"{label} quality flags among" in caplog.text, label
+    assert f"total (instant): {table['total', 'instant']['conversations']} conversations, " in caplog.text
+    math_run = runs["math"]
+    assert f"math pilot: {math_run['sampled']} of 90 conversations (thinking" in caplog.text
+
+
+def test_a_mode_the_pilot_drew_none_of_is_projected_from_the_whole_sample_and_says_so(caplog):
+    def measure(tokens):
+        return {"mode": "thinking", **dict.fromkeys(COUNTED, 0), "requests": 1, "output_tokens": tokens, "generated": 1}
+
+    run = {"usable_conversations": 12, "usable_by_mode": {"thinking": 10, "instant": 2}, "client": None,
+           "server_gpus": 1, "journal_bytes": 0}  # fmt: skip
+    rows = category_rows("math", [measure(10), measure(30)], run)
+    assert [(r["mode"], r["conversations"], r["sampled"]) for r in rows] == [
+        ("thinking", 10, 2),
+        ("instant", 2, 0),
+        ("all", 12, 2),
+    ]
+    assert [r["output_tokens"] for r in rows] == [200, 40, 240]  # the sample's mean, 20 a conversation
+    # Its flags are not known: no pilot rows, the whole interval.
+    assert rows[1]["pilot_rows"] == 0 and rows[2]["pilot_rows"] == 2
+    assert (rows[1]["repetition_loop_share"], rows[1]["repetition_loop_low"], rows[1]["repetition_loop_high"]) == (
+        None,
+        0.0,
+        1.0,
+    )
+    assert "drew none of the 2 usable conversations of mode instant" in caplog.text
+    # Rows of a mode the prompts table has no usable rows of are an error, not dropped.
+    with pytest.raises(ValueError, match="no usable rows"):
+        category_rows(
+            "math", [measure(10), {**measure(5), "mode": "instant"}], run | {"usable_by_mode": {"thinking": 12}}
+        )
