@@ -140,7 +140,10 @@ class AnswerScript:
         """The full intended output for `job`, before stopping rules cut or extend it."""
         rng = self.rng(job)
         planned: list[int] = []
-        if self.think_id is not None and (not job.input_ids or job.input_ids[-1] != self.think_id):
+        # A prompt that closed an empty reasoning (instant mode: Kimi's <think></think>, Qwen3's
+        # <think>\n\n</think>\n\n) is answered directly, as the model does: no reasoning of its own.
+        closed = self.think_end_id is not None and self._closes_reasoning(job.input_ids)
+        if not closed and self.think_id is not None and (not job.input_ids or job.input_ids[-1] != self.think_id):
             planned += [self.think_id] + self.enc("\n")
         kind = "answer"
         u = rng.random()
@@ -152,7 +155,8 @@ class AnswerScript:
             planned += self._words(rng, rng.randint(4, 40))
         if kind == "ramble":
             return planned  # the stopping loop extends it with filler to max_new_tokens
-        planned.append(self.think_end_id)
+        if not closed:
+            planned.append(self.think_end_id)
         tool = None
         if rng.random() < self.tool_rate and (
             self.kimi_tool["<|tool_calls_section_begin|>"] is not None or self.qwen_tool["<tool_call>"] is not None
@@ -167,6 +171,15 @@ class AnswerScript:
         if stop is not None:
             planned.append(stop)
         return planned
+
+    def _closes_reasoning(self, input_ids: list[int]) -> bool:
+        """Whether the prompt ends with a reasoning end token, after whitespace at most."""
+        for tid in reversed(input_ids[-8:]):
+            if tid == self.think_end_id:
+                return True
+            if self.tokenizer.decode([tid]).strip():
+                return False
+        return False
 
     def _preferred_stop(self, job: Job, rng: random.Random) -> int | None:
         """The id an answer ends on: its turn's end, as a chat model ends a turn — the tokenizer's eos
