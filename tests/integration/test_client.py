@@ -161,7 +161,7 @@ def test_persistent_failures_are_recorded_with_their_reason(backend, tokenizer, 
             backend, tokenizer, reqs, faults=Faults(fail_rids=r"^q\.[24]\."), settings=settings, journal=journal
         )
     failed = {k for k, r in results.items() if r["status"] == "failed"}
-    assert failed == {("q.2", 0, 0), ("q.4", 0, 0)}
+    assert failed == {("q.2", 0, 0, "default"), ("q.4", 0, 0, "default")}
     for key in failed:
         assert results[key]["attempts"] == 3
         assert "gave up after 3 attempts: HTTP 500" in results[key]["error"]
@@ -335,8 +335,8 @@ def test_malformed_answers_end_as_failed_rows_with_their_reason(tokenizer):
     assert "'output_ids' missing" in reasons["q.1"]
     assert "outside the vocabulary" in reasons["q.2"]
     assert "aborted by the server" in reasons["q.3"]
-    assert all("output_ids" not in results[(k, 0, 0)] for k in reasons)  # never written as data
-    assert results[("q.4", 0, 0)]["status"] == results[("q.5", 0, 0)]["status"] == "ok"
+    assert all("output_ids" not in results[(k, 0, 0, "default")] for k in reasons)  # never written as data
+    assert results[("q.4", 0, 0, "default")]["status"] == results[("q.5", 0, 0, "default")]["status"] == "ok"
 
 
 def test_server_info_prefers_the_new_routes_and_falls_back_to_get(backend, tokenizer):

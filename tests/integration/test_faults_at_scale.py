@@ -13,7 +13,7 @@ import urllib.request
 from collections import Counter, defaultdict
 
 import pytest
-from workdir import ROOT, Workdir
+from workdir import ROOT, Workdir, row_label
 
 from eagle3_datagen.generation.requests import parse_rid
 from polling import wait_until
@@ -72,7 +72,7 @@ def generate_cmd(wd):
 def served_by_run(wd):
     runs = defaultdict(list)
     for entry in wd.engine_record("big"):
-        (row_id, sample, _turn), nonce, _attempt = parse_rid(entry["rid"])
+        (row_id, sample, _turn, _mode), nonce, _attempt = parse_rid(entry["rid"])
         runs[nonce].append(((row_id, sample), entry))
     return sorted(runs.values(), key=lambda entries: min(e["t_start"] for _, e in entries))
 
@@ -125,7 +125,7 @@ def test_5xx_resets_and_hangs_still_give_every_row_exactly_once(workdir):
     ok = defaultdict(list)
     for e in record:
         if e["status"] == 200:
-            ok[e["rid"].rsplit(".", 2)[0]].append(e)
+            ok[row_label(e["rid"])].append(e)
     assert all(len(v) == 1 for v in ok.values())  # no row generated twice
     for r in rows:
         assert r["output_ids"] == ok[f"{r['id']}.{r['sample_index']}"][0]["output_ids"]
@@ -201,7 +201,7 @@ def sigkill_ten_times(wd):
     assert len(journal) == len(set(journal)) == N  # each row journalled once
     served = {}
     for entry in wd.engine_record("big"):
-        (row_id, sample, _turn), _nonce, _attempt = parse_rid(entry["rid"])
+        (row_id, sample, _turn, _mode), _nonce, _attempt = parse_rid(entry["rid"])
         key = (row_id, sample)
         run = max(i for i, t in enumerate(run_starts) if t <= entry["t_start"])
         assert key not in done_before_run[run], f"run {run} requested {key}, finished before it started"

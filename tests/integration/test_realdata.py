@@ -124,7 +124,7 @@ def test_real_rows_pass_the_checks_and_hold_what_the_engine_generated(real_run):
         verdicts = json.loads((wd.path / "results" / "checks" / f"{category}.json").read_text())
         assert verdicts["verdicts"]["total"] == report["checked"]
         for row in wd.jsonl(f"results/dataset/{category}.jsonl"):
-            last = served[(row["id"], row["sample_index"], row["turn"] + row["turns"] - 1)]
+            last = served[(row["id"], row["sample_index"], row["turn"] + row["turns"] - 1, row["mode"])]
             assert row["input_ids"][: len(last["input_ids"])] == last["input_ids"]
             assert row["input_ids"][len(last["input_ids"]) :] == last["output_ids"]
 

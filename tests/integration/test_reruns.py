@@ -10,7 +10,7 @@ import os
 import shutil
 
 import pytest
-from workdir import ROOT, Workdir
+from workdir import ROOT, Workdir, row_label
 
 from eagle3_datagen.generation.requests import parse_rid
 
@@ -50,7 +50,7 @@ class Counter:
         fresh, self.seen = entries[self.seen :], len(entries)
         out = {}
         for entry in fresh:
-            key = entry["rid"].rsplit(".", 2)[0]
+            key = row_label(entry["rid"])
             category = next(c for c, ids in self.wd.ids.items() if parse_rid(entry["rid"])[0][0] in ids)
             out.setdefault(category, []).append(key)
         return out

@@ -33,7 +33,7 @@ def by_run(record):
     """Engine record entries grouped by the client's run nonce ({id}.{sample}.{nonce}.{attempt})."""
     runs = defaultdict(list)
     for entry in record:
-        (row_id, sample, _turn), nonce, _attempt = parse_rid(entry["rid"])
+        (row_id, sample, _turn, _mode), nonce, _attempt = parse_rid(entry["rid"])
         runs[nonce].append(((row_id, sample), entry))
     return runs
 
@@ -142,7 +142,7 @@ def ok_turns(journal):
         except ValueError:
             continue  # a torn tail
         if entry["status"] == "ok":
-            done.add((entry["id"], entry["sample_index"], entry.get("turn", 0)))
+            done.add((entry["id"], entry["sample_index"], entry.get("turn", 0), entry.get("mode", "default")))
     return done
 
 
@@ -186,7 +186,7 @@ def test_sigkill_at_random_points_of_a_multi_turn_run_gives_every_turn_exactly_o
     from eagle3_datagen.storage.tables import read_rows
 
     rows = read_rows(wd.path / target)
-    keys = [(r["id"], r["sample_index"], r["turn"]) for r in rows]
+    keys = [(r["id"], r["sample_index"], r["turn"], r["mode"]) for r in rows]
     assert len(keys) == n * turns and len(set(keys)) == n * turns, f"seed {seed}"
     produced = {k for k, r in zip(keys, rows) if r["status"] == "ok"}
     assert len(produced) > n, f"seed {seed}: later turns were made"  # more than the first turns

@@ -78,7 +78,7 @@ def test_exported_tokens_are_what_the_engine_generated(tiktoken_run):
     served = {parse_rid(e["rid"])[0]: e for e in wd.engine_record() if e["status"] == 200}
     for category in ("chat", "code"):
         for row in wd.jsonl(f"results/dataset/{category}.jsonl"):
-            entry = served[(row["id"], row["sample_index"], row["turn"] + row["turns"] - 1)]
+            entry = served[(row["id"], row["sample_index"], row["turn"] + row["turns"] - 1, row["mode"])]
             assert row["input_ids"] == entry["input_ids"] + entry["output_ids"]
 
 

@@ -27,14 +27,20 @@ def demo_run(tmp_path_factory, demo_model_dir):
         model_dir=demo_model_dir,
         backend="model",
         categories={"math": math, "code": demo_rows("code", 6), "chat": demo_rows("chat", 8, start=10)},
+        # math draws a mode per conversation, code runs every conversation in both, chat in the default.
+        modes={"math": "thinking:0.5,instant:0.5", "code": "all"},
     )
     wd.snakemake("--cores", "2")
     return wd
 
 
 def exported_turns(row):
-    """The (id, sample, turn) keys a dataset row holds (several when merge_turns joined turns)."""
-    return [(row["id"], row["sample_index"], t) for t in range(row["turn"], row["turn"] + row["turns"])]
+    """The (id, sample, turn, mode) keys a dataset row holds (several when merge_turns joined turns)."""
+    return [(row["id"], row["sample_index"], t, row["mode"]) for t in range(row["turn"], row["turn"] + row["turns"])]
+
+
+# The demo's prompt suffix per mode: <think> (163606), and <think></think> (163606, 163607) in instant mode.
+SUFFIX = {"thinking": [163606], "instant": [163606, 163607]}
 
 
 def test_every_row_ends_in_exactly_one_place(demo_run):
@@ -43,30 +49,43 @@ def test_every_row_ends_in_exactly_one_place(demo_run):
     from eagle3_datagen.storage.tables import read_rows
 
     wd = demo_run
-    summary = {
-        row.split("\t")[0]: row.split("\t") for row in (wd.path / "results" / "summary.tsv").read_text().splitlines()
-    }
-    header = summary.pop("category")
-    col = {name: i for i, name in enumerate(header)}
+    lines = [row.split("\t") for row in (wd.path / "results" / "summary.tsv").read_text().splitlines()]
+    col = {name: i for i, name in enumerate(lines[0])}
+    # A category's whole row: its `all` row where it mixes modes, else its one row.
+    summary = {}
+    for row in lines[1:]:
+        if row[0] not in summary or row[col["mode"]] == "all":
+            summary[row[0]] = row
     turns = [line.split("\t") for line in (wd.path / "results" / "turns.tsv").read_text().splitlines()[1:]]
-    for category, n_input in (("math", 9), ("code", 6), ("chat", 8)):
+    # math's 9 inputs draw one mode each, code's 6 are each made in both modes, chat's 8 in thinking.
+    for category, n_input, modes in (("math", 9, 1), ("code", 6, 2), ("chat", 8, 1)):
         generations = read_rows(wd.path / "results" / "generations" / f"{category}.parquet")
-        # Every input row is a conversation with a row per turn: its turn 0 is there, once per input.
-        assert sum(r["turn"] == 0 for r in generations) == n_input
-        expected = Counter((r["id"], r["sample_index"], r["turn"]) for r in generations)
+        # Every input row is a conversation with a row per turn and mode: its turn 0 is there, once per mode.
+        assert sum(r["turn"] == 0 for r in generations) == n_input * modes
+        assert {r["mode"] for r in generations} <= {"thinking", "instant"}
+        expected = Counter((r["id"], r["sample_index"], r["turn"], r["mode"]) for r in generations)
         exported = wd.jsonl(f"results/dataset/{category}.jsonl")
         rejected = wd.jsonl(f"results/rejected/{category}.jsonl")
         keys = [k for r in exported for k in exported_turns(r)] + [
-            (r["id"], r["sample_index"], r["turn"]) for r in rejected
+            (r["id"], r["sample_index"], r["turn"], r["mode"]) for r in rejected
         ]
         assert Counter(keys) == expected
         row = summary[category]
         assert int(row[col["rows"]]) == len(generations)
         assert sum(int(row[col[s]]) for s in ("ok", "skipped", "failed", "filtered")) == len(generations)
         assert int(row[col["ok"]]) == sum(r["turns"] for r in exported)
-        assert sum(int(t[4]) for t in turns if t[0] == category) == len(generations)
+        assert sum(int(t[5]) for t in turns if t[0] == category) == len(generations)
+        # The rows of each mode add up to the category's.
+        per_mode = [r for r in lines[1:] if r[0] == category and r[col["mode"]] != "all"]
+        assert sum(int(r[col["rows"]]) for r in per_mode) == len(generations)
+        assert {r[col["mode"]] for r in per_mode} == {r["mode"] for r in generations}
+    # math's mix drew both modes; code made each conversation in both.
+    assert {r["mode"] for r in read_rows(wd.path / "results" / "generations" / "math.parquet")} == {
+        "thinking",
+        "instant",
+    }
     # The demo's multi-turn conversations got later turns.
-    assert any(int(t[1]) > 0 and t[2] == "ok" for t in turns)
+    assert any(int(t[2]) > 0 and t[3] == "ok" for t in turns)
     rejected = {r["id"]: r for r in wd.jsonl("results/rejected/math.jsonl")}
     prompts_file = "config/prompts/math.jsonl"
     assert (
@@ -98,9 +117,10 @@ def test_exported_tokens_are_exactly_what_the_engine_generated(demo_run):
                 t for turn in turns for t in turn["output_ids"]
             ]
             assert row["loss_mask"][-len(last["output_ids"]) :] == [1] * len(last["output_ids"])
-            # Kimi-K2.5 shape: the prompt ends with <think>, and the answer ends with the stop token
-            # unless it ran out of budget.
-            assert all(turn["input_ids"][-1] == 163606 for turn in turns)
+            # Kimi-K2.5 shape: the prompt ends with <think> (instant mode: <think></think>), and the
+            # answer ends with the stop token unless it ran out of budget.
+            suffix = SUFFIX[row["mode"]]
+            assert all(turn["input_ids"][-len(suffix) :] == suffix for turn in turns)
             if row["finish_type"] == "stop":
                 assert last["output_ids"][-1] == 163586
         # A later turn's request holds the model's own answer to the turn before, as its template
@@ -108,9 +128,10 @@ def test_exported_tokens_are_exactly_what_the_engine_generated(demo_run):
         with_tools = {
             r["id"] for r in read_rows(wd.path / "results" / "generations" / f"{category}.parquet") if r["tools"]
         }
-        for (row_id, sample, turn), entry in served.items():
-            if turn and row_id not in with_tools:
-                before = served[(row_id, sample, turn - 1)]
+        # (check_sequences' history_holds_answers proves it for every mode, through the parsers.)
+        for (row_id, sample, turn, mode), entry in served.items():
+            if turn and row_id not in with_tools and mode == "thinking":
+                before = served[(row_id, sample, turn - 1, mode)]
                 assert _rendered_answer(wd, before["output_ids"]) in _text(wd, entry["input_ids"])
 
 
@@ -175,7 +196,9 @@ def test_parser_check_gives_every_generated_row_a_verdict(demo_run):
         verdicts = pq.read_table(demo_run.path / "results" / "checks" / f"{category}.parquet").to_pylist()
         exported = demo_run.jsonl(f"results/dataset/{category}.jsonl")
         assert summary["verdicts"]["total"] == len(verdicts) == len(exported)
-        assert {(v["id"], v["sample_index"]) for v in verdicts} == {(r["id"], r["sample_index"]) for r in exported}
+        assert {(v["id"], v["sample_index"], v["mode"]) for v in verdicts} == {
+            (r["id"], r["sample_index"], r["mode"]) for r in exported
+        }
         seen |= {v["verdict"] for v in verdicts}
         for v in verdicts:
             assert (v["verdict"] == "exact") == (v["first_diff"] is None)

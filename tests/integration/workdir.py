@@ -16,6 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 
+def row_label(rid: str) -> str:
+    """The row a rid was sent for, as `{id}.{sample}[.t{turn}]` (its serving mode left out: these
+    tests run one mode)."""
+    (row_id, sample, turn, _mode), _nonce, _attempt = parse_rid(rid)
+    return f"{row_id}.{sample}" + (f".t{turn}" if turn else "")
+
+
 def demo_rows(category: str, n: int, start: int = 0) -> list[dict]:
     with open(ROOT / "config" / "prompts" / f"{category}.jsonl", encoding="utf-8") as fh:
         return [json.loads(line) for line in fh][start : start + n]
@@ -39,8 +46,10 @@ class Workdir:
         categories: dict[str, list],
         plain_qwen3: bool = False,
         engine_args: str = "",
+        modes: dict[str, str] | None = None,
         **overrides,
     ):
+        """`modes`: a category's serving-mode mix (its `modes` cell of the sheet), where given."""
         self.path = path
         self.record_dir = path / "engine_record"
         self.engine_args = engine_args
@@ -48,10 +57,11 @@ class Workdir:
         self.ids: dict[str, set] = {}
         prompts = path / "config" / "prompts"
         prompts.mkdir(parents=True, exist_ok=True)
-        sheet = ["category\tprompts"]
+        sheet = ["category\tprompts" + ("\tmodes" if modes else "")]
         for name, rows in categories.items():
             self.write_prompts(name, rows)
-            sheet.append(f"{name}\tconfig/prompts/{name}.jsonl")
+            cell = f"\t{modes.get(name, '')}" if modes else ""
+            sheet.append(f"{name}\tconfig/prompts/{name}.jsonl{cell}")
         (path / "config" / "categories.tsv").write_text("\n".join(sheet) + "\n")
         with open(ROOT / "config" / "config.yaml") as fh:
             config = yaml.safe_load(fh)
@@ -65,6 +75,9 @@ class Workdir:
                 reasoning_parser="qwen3",
                 tool_call_parser="qwen25",
             )
+            # One mode, the profile's own values (the demo's modes are the Kimi-shaped template's).
+            config["model"].pop("modes", None)
+            config.pop("modes", None)
         config["engine"]["local"] = {"backend": backend, "model_dir": str(model_dir or tokenizer), "max_batch": 16}
         config["engine"]["startup_timeout_s"] = 120
         config["client"]["progress_interval_s"] = 1
