@@ -193,6 +193,10 @@ def test_our_export_and_broken_lines_are_flagged_and_the_rest_still_audited(tmp_
     assert 2 not in codes  # a blank line is no row
     assert codes == {7 + k: sorted(c) for k, c in enumerate(expected)}
     assert [r["id"] for r in records[5:]] == [r["id"] for r in rows]
+    # Each record names its row as our export does: id, sample, turn and serving mode.
+    assert [(r["sample_index"], r["turn"], r["mode"]) for r in records[5:]] == [
+        (r["sample_index"], r["turn"], r["mode"]) for r in rows
+    ]
     assert "not JSON" in records[0]["flags"][0]["detail"]
 
     # reasons.tsv counts the rows of each code in flags.jsonl, over every row read.

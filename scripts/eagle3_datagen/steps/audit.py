@@ -33,8 +33,8 @@ from eagle3_datagen.tokens.vocabulary import load_tokenizer
 
 log = logging.getLogger(__name__)
 
-PARQUET_COLUMNS = ("input_ids", "loss_mask", "id", "sample_index", "turn")
-KEPT_KEYS = ("sample_index", "turn")  # carried from a row into its record beside its id, where present
+PARQUET_COLUMNS = ("input_ids", "loss_mask", "id", "sample_index", "turn", "mode")
+KEPT_KEYS = ("sample_index", "turn", "mode")  # carried from a row into its record beside its id, where present
 
 
 def iter_rows(path: Path) -> Iterator[tuple[int, object, str | None]]:
