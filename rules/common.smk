@@ -24,6 +24,7 @@ wf.validate_sheet(
     sheet,
     Path(workflow.basedir) / "schemas" / "categories.schema.yaml",
     config["categories"],
+    wf.mode_names(config),
 )
 
 CATEGORIES = list(sheet["category"])

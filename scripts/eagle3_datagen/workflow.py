@@ -23,9 +23,12 @@ def load_sheet(path: str | Path):
     return sheet
 
 
-def validate_sheet(sheet, schema_path: str | Path, sheet_path: str | Path) -> None:
-    """Check every row of the category sheet; an error names the sheet's file, line and field."""
+def validate_sheet(sheet, schema_path: str | Path, sheet_path: str | Path, modes: tuple[str, ...] = ()) -> None:
+    """Check every row of the category sheet; an error names the sheet's file, line and field.
+    `modes`: the model's serving modes, which a row's `modes` mix must name."""
     import jsonschema
+
+    from eagle3_datagen.settings import ModeMix
 
     with open(schema_path) as fh:
         schema = yaml.safe_load(fh)
@@ -41,11 +44,28 @@ def validate_sheet(sheet, schema_path: str | Path, sheet_path: str | Path) -> No
         for error in sorted(validator.iter_errors(record), key=lambda e: list(e.path)):
             where = f"field '{error.path[0]}'" if error.path else "row"
             problems.append(f"{sheet_path}:{line}: {where}: {error.message}")
+        if modes and isinstance(record.get("modes"), str):
+            try:
+                ModeMix.parse(record["modes"], modes)
+            except ValueError as exc:
+                problems.append(f"{sheet_path}:{line}: field 'modes': {exc}")
     duplicated = sheet["category"][sheet["category"].duplicated()].tolist()
     if duplicated:
         problems.append(f"{sheet_path}: category names must be unique; repeated: {', '.join(map(str, duplicated))}")
     if problems:
         raise ValueError("invalid category sheet:\n  " + "\n  ".join(problems))
+
+
+def mode_names(config: dict) -> tuple[str, ...]:
+    """The model profile's serving modes; refuses a config-level `modes` mix that names others."""
+    from eagle3_datagen.settings import ModelProfile, ModeMix
+
+    names = ModelProfile.from_config(config["model"]).mode_names
+    try:
+        ModeMix.parse(config.get("modes"), names)
+    except ValueError as exc:
+        raise ValueError(f"config key modes: {exc}") from None
+    return names
 
 
 def category_row(sheet, category: str) -> dict:

@@ -62,8 +62,18 @@ def test_a_missing_prompts_file_is_named_before_anything_runs(workdir):
             "category,prompts\nbad,config/prompts/bad.jsonl\n",
             "the sheet needs the columns 'category' and 'prompts' (tab-separated)",
         ),
+        (
+            # (this profile names no modes: its one mode is `default`)
+            "category\tprompts\tmodes\nbad\tconfig/prompts/bad.jsonl\tdefault:0.7,instnt:0.3\n",
+            "config/categories.tsv:2: field 'modes': modes 'default:0.7,instnt:0.3': unknown mode 'instnt'; "
+            "the model's modes are default",
+        ),
+        (
+            "category\tprompts\tmodes\nbad\tconfig/prompts/bad.jsonl\tdefault:0\n",
+            "config/categories.tsv:2: field 'modes': modes 'default:0': the share of 'default' must be a positive number",
+        ),
     ],
-    ids=["type", "slash", "dotdot", "unknown-column", "not-tab-separated"],
+    ids=["type", "slash", "dotdot", "unknown-column", "not-tab-separated", "unknown-mode", "zero-share"],
 )
 def test_a_bad_category_sheet_names_line_and_field(workdir, sheet, message):
     wd = workdir(GOOD)
@@ -71,6 +81,15 @@ def test_a_bad_category_sheet_names_line_and_field(workdir, sheet, message):
     proc = wd.snakemake("-n", check=False)
     assert proc.returncode != 0
     assert message in proc.stdout + proc.stderr
+
+
+def test_a_config_mix_of_unknown_modes_is_refused_before_any_job(workdir):
+    wd = workdir(GOOD)
+    wd.config["modes"] = "default:0.5,fast:0.5"
+    wd.write_config()
+    proc = wd.snakemake("-n", check=False)
+    assert proc.returncode != 0
+    assert "config key modes: modes 'default:0.5,fast:0.5': unknown mode 'fast'" in proc.stdout + proc.stderr
 
 
 def test_an_unknown_config_key_is_named(workdir):
