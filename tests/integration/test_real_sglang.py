@@ -93,7 +93,7 @@ def sglang_run(tmp_path_factory, demo_model_dir):
     # met by retracting, as a busy GPU server does late in a long run. Passed as a cluster user
     # passes any SGLANG_* setting.
     wd.config["engine"]["sglang"]["env"]["SGLANG_INIT_NEW_TOKEN_RATIO"] = "0.01"
-    wd.config["sampling"] = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+    wd.set_sampling({"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0})
     wd.config["model"]["context_length"] = CONTEXT
     wd.config["max_new_tokens"] = MAX_NEW_TOKENS
     wd.config["client"].update(concurrency="auto", max_concurrency=64, load_poll_s=0.2)
@@ -172,14 +172,14 @@ def test_kimi_k2_5s_tiktoken_tokenizer_on_the_real_server(tmp_path, demo_model_d
     """Kimi-K2.5's tokenizer format (TikToken remote code, eos [EOS]) on the real server, loaded
     with --trust-remote-code as Kimi-K2.5 is served, beside the demo's weights (the same ids): with
     config/kimi-k2.5.yaml's model profile, the server's text agrees with the client's decode (the
-    identity check), and every row is the greedy continuation."""
+    identity check), and every row is the greedy continuation, in thinking and in instant mode."""
     import yaml
 
     wd = Workdir(tmp_path, tokenizer=kimi_tiktoken_dir, model_dir=None, backend="scripted",
-                 categories={"chat": demo_rows("chat", 20)})  # fmt: skip
+                 categories={"chat": demo_rows("chat", 20)}, modes={"chat": "thinking:0.5,instant:0.5"})  # fmt: skip
     with open(ROOT / "config" / "kimi-k2.5.yaml") as fh:
         wd.config["model"] = dict(yaml.safe_load(fh)["model"], tokenizer=str(kimi_tiktoken_dir), context_length=CONTEXT)
-    wd.config["sampling"] = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+    wd.set_sampling({"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0})
     wd.config["max_new_tokens"] = MAX_NEW_TOKENS
     extra = ["--tokenizer-path", str(kimi_tiktoken_dir), "--trust-remote-code"]
     with real_server(demo_model_dir, tmp_path / "real_sglang.log", extra=extra, context_length=CONTEXT) as url:
@@ -191,19 +191,25 @@ def test_kimi_k2_5s_tiktoken_tokenizer_on_the_real_server(tmp_path, demo_model_d
     rows = read_rows(tmp_path / "results" / "generations" / "chat.parquet")
     checked = greedy_exact(rows, demo_model_dir)
     assert sum(checked.values()) >= 15 and any(key[1] for key in checked), checked
+    # Both modes reached the server, each prompt ending as its mode's template ends it.
+    think, end = 163606, 163607
+    assert {r["mode"] for r in rows if r["status"] == "ok"} == {"thinking", "instant"}
+    for r in (r for r in rows if r["status"] == "ok"):
+        assert list(r["prompt_ids"][-2:]) == ([think, end] if r["mode"] == "instant" else [r["prompt_ids"][-2], think])
 
 
 def test_exported_rows_hold_the_servers_tokens(sglang_run):
     for category in ("math", "chat"):
         generated = {
-            (r["id"], r["sample_index"], r["turn"]): r
+            (r["id"], r["sample_index"], r["turn"], r["mode"]): r
             for r in read_rows(sglang_run.path / "results" / "generations" / f"{category}.parquet")
         }
         exported = sglang_run.jsonl(f"results/dataset/{category}.jsonl")
         assert exported
         for row in exported:
             turns = [
-                generated[(row["id"], row["sample_index"], t)] for t in range(row["turn"], row["turn"] + row["turns"])
+                generated[(row["id"], row["sample_index"], t, row["mode"])]
+                for t in range(row["turn"], row["turn"] + row["turns"])
             ]
             last = turns[-1]
             assert row["input_ids"] == list(last["prompt_ids"]) + list(last["output_ids"])

@@ -98,7 +98,8 @@ def slurm_run(slurm_cluster, tmp_path_factory, qwen3_tokenizer_dir):
         backend="scripted",
         categories={name: prompts(name, n) for name, n in CATEGORIES.items()},
     )
-    # The plain Qwen3 template: no <think> suffix, and <think> may be generated.
+    # The plain Qwen3 template: no <think> suffix, and <think> may be generated; one mode.
+    wd.one_mode()
     wd.config["model"].update(
         prompt_suffix=[],
         prompt_only_tokens=[],

@@ -75,8 +75,7 @@ class Workdir:
                 reasoning_parser="qwen3",
                 tool_call_parser="qwen25",
             )
-            # One mode, the profile's own values (the demo's modes are the Kimi-shaped template's).
-            config["model"].pop("modes", None)
+            config["model"].pop("modes", None)  # one mode: the profile's own values
             config.pop("modes", None)
         config["engine"]["local"] = {"backend": backend, "model_dir": str(model_dir or tokenizer), "max_batch": 16}
         config["engine"]["startup_timeout_s"] = 120
@@ -86,6 +85,17 @@ class Workdir:
             config[key] = value
         self.config = config
         self.write_config()
+
+    def set_sampling(self, sampling: dict) -> None:
+        """The sampling of every row: the config's block, and no mode's own values over it."""
+        self.config["sampling"] = dict(sampling)
+        for mode in (self.config["model"].get("modes") or {}).values():
+            mode.pop("sampling", None)
+
+    def one_mode(self) -> None:
+        """The profile as one mode, its own values (the demo's modes are the Kimi-shaped template's)."""
+        self.config["model"].pop("modes", None)
+        self.config.pop("modes", None)
 
     def write_config(self) -> None:
         (self.path / "config" / "config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
