@@ -147,9 +147,12 @@ def total_row(rows: list[dict], category: str, mode: str) -> dict:
         values = [r[key] for r in rows]
         return None if any(v is None for v in values) else round(sum(values), DIGITS.get(key.split("_")[0], 0))
 
-    def add_ci(key):
+    def add_ci(key):  # counts to whole numbers, as the rows' are; hours to 4 decimals
         values = [r[key] for r in rows]
-        return None if any(v is None for v in values) else round(math.sqrt(sum(v * v for v in values)), 4)
+        if any(v is None for v in values):
+            return None
+        half = math.sqrt(sum(v * v for v in values))
+        return round(half, 4) if key.startswith("server_hours") else round(half)
 
     total = {"category": category, "mode": mode}
     for key in ("conversations", "sampled", "requests", "prompt_tokens", "output_tokens", "dataset_gb", "disk_gb"):
