@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from conftest import conversations
+from conftest import conversations, tokenize_file
 from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 from eagle3_datagen.engine.server.faults import Faults
 from eagle3_datagen.generation.requests import parse_rid
@@ -254,24 +254,10 @@ KIMI_MODES = {
 
 
 def tokenized(tmp_path, category, rows, model, modes):
-    from eagle3_datagen.steps.tokenize_prompts import tokenize_prompts
-
     source = tmp_path / f"{category}.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     prompts = tmp_path / "prompts" / f"{category}.parquet"
-    tokenize_prompts(
-        source=source,
-        prompts=prompts,
-        category=category,
-        model=model,
-        budget=BUDGET,
-        samples_per_prompt=1,
-        seed=7,
-        on_bad_rows="quarantine",
-        turns="all",
-        modes=modes,
-    )
-    return prompts
+    return tokenize_file(source, prompts, model, category=category, budget=BUDGET, seed=7, turns="all", modes=modes)
 
 
 def test_a_category_that_mixes_modes_is_projected_per_mode_and_in_all(tmp_path, kimi_tokenizer_dir, caplog):
