@@ -81,6 +81,8 @@ class ModelProfile:
     modes: dict = field(default_factory=dict)
     # The mode this profile renders (`for_mode`); DEFAULT_MODE for a profile without modes.
     mode: str = DEFAULT_MODE
+    # The profile's own values, before its mode's were laid over them (None: they are these).
+    base: "ModelProfile | None" = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, model: dict) -> "ModelProfile":
@@ -112,26 +114,21 @@ class ModelProfile:
         """The profile as mode `name` renders: its template variables, prompt suffix and prompt-only tokens."""
         if name not in self.mode_names:
             raise ValueError(f"model {self.name!r} has no mode {name!r}; its modes: {', '.join(self.mode_names)}")
-        return self if name == self.mode else self._base._applied(name)
-
-    @property
-    def _base(self) -> "ModelProfile":
-        return self.__dict__.get("_base_profile", self)
+        return self if name == self.mode else (self.base or self)._applied(name)
 
     def _applied(self, name: str) -> "ModelProfile":
         """This (base) profile with mode `name`'s keys over its own."""
         spec = self.modes.get(name)
         if spec is None:
             return self
-        applied = dataclasses.replace(
+        return dataclasses.replace(
             self,
             mode=name,
             chat_template_kwargs={**self.chat_template_kwargs, **(spec.get("chat_template_kwargs") or {})},
             prompt_suffix=tuple(spec.get("prompt_suffix", self.prompt_suffix)),
             prompt_only_tokens=tuple(spec.get("prompt_only_tokens", self.prompt_only_tokens)),
+            base=self,
         )
-        object.__setattr__(applied, "_base_profile", self)
-        return applied
 
     def mode_sampling(self, name: str) -> dict:
         """Mode `name`'s sampling overrides (empty for a profile without modes)."""
