@@ -60,7 +60,7 @@ def tokenize_prompts(
     profile = ModelProfile.from_config(model)
     mix = ModeMix.parse(modes, profile.mode_names)
     tokenizer = load_tokenizer(profile)
-    chats = mode_chats(ChatTokenizer(tokenizer, profile), profile)
+    chats = mode_chats(ChatTokenizer(tokenizer, profile.for_mode(mix.names[0])), profile, mix.names)
     batching = Batching.from_config(batch)
     tally = Tally()
     started = time.perf_counter()
@@ -246,11 +246,12 @@ def reason_kind(reason: str) -> str:
     return without_source(reason)[:120]
 
 
-def mode_chats(chat: ChatTokenizer, profile: ModelProfile) -> dict[str, ChatTokenizer]:
-    """A chat tokenizer per mode of the profile (`chat` is the first mode's), sharing one tokenizer."""
+def mode_chats(chat: ChatTokenizer, profile: ModelProfile, modes: tuple[str, ...] = ()) -> dict[str, ChatTokenizer]:
+    """A chat tokenizer per mode (`modes`, default: every mode of the profile), sharing one tokenizer;
+    `chat` serves its own mode."""
     return {
         mode: chat if mode == chat.profile.mode else ChatTokenizer(chat.tokenizer, profile.for_mode(mode))
-        for mode in profile.mode_names
+        for mode in modes or profile.mode_names
     }
 
 
