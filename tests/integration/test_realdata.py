@@ -23,9 +23,11 @@ pytestmark = pytest.mark.slow
 ASKING = {"human", "user"}
 
 
-def tokenize(source, out, model):
+def tokenize(source, out, model, modes=None):
     budget = {"max_new_tokens": 1024, "min_new_tokens": 16, "reserve_tokens": 2}
-    return read_rows(tokenize_file(source, out, model, category="real", budget=budget, seed=1, turns="all"))
+    return read_rows(
+        tokenize_file(source, out, model, category="real", budget=budget, seed=1, turns="all", modes=modes)
+    )
 
 
 def reasons(rows) -> Counter:
@@ -59,14 +61,21 @@ def test_every_sharegpt_conversation_is_accounted_for(tmp_path, qwen3_tokenizer_
 
 def test_fastchat_sharegpt_on_the_kimi_tiktoken_tokenizer(tmp_path, kimi_tiktoken_dir):
     """FastChat's 500-conversation ShareGPT array, as shipped, with Kimi-K2.5's profile and its
-    TikToken tokenizer format: every conversation usable, each prompt ending in <think>."""
+    TikToken tokenizer format, in both serving modes: every conversation usable in each, each
+    thinking prompt ending in <think>, each instant prompt in <think></think>, and the two prompts of
+    a conversation the same up to the generation prompt's end."""
     with open(ROOT / "config" / "kimi-k2.5.yaml") as fh:
         model = defaults("model", **dict(yaml.safe_load(fh)["model"], tokenizer=str(kimi_tiktoken_dir)))
     source = prompt_file("sharegpt_fastchat.json")
-    rows = tokenize(source, tmp_path / "fastchat.parquet", model)
-    assert len(rows) == len(json.loads(source.read_text())) == 500
+    rows = tokenize(source, tmp_path / "fastchat.parquet", model, modes="all")
+    assert len(rows) == 2 * len(json.loads(source.read_text())) == 1000
     assert not reasons(rows), reasons(rows)
-    assert all(r["prompt_ids"][-1] == 163606 for r in rows)  # <think>
+    by_mode = {(r["id"], r["mode"]): r["prompt_ids"] for r in rows}
+    for (row_id, mode), ids in by_mode.items():
+        if mode == "thinking":
+            instant = by_mode[(row_id, "instant")]
+            assert ids[-1] == 163606 and instant[-2:] == [163606, 163607]  # <think>, <think></think>
+            assert instant[:-1] == ids  # the same conversation, then the mode's own end
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +101,11 @@ def real_run(tmp_path_factory, kimi_tiktoken_dir):
         "humaneval": (str(prompt_file("humaneval.jsonl")), "60"),
         "bfcl": (str(prompt_file("bfcl.jsonl")), "120"),
     }
-    lines = ["category\tprompts\tmax_rows"] + [f"{name}\t{file}\t{n}" for name, (file, n) in sheet.items()]
+    # The sets are made in serving modes as a deployment mixes them: drawn per conversation, both, or one.
+    modes = {"sharegpt": "thinking:0.5,instant:0.5", "mtbench": "all", "bfcl": "thinking:0.7,instant:0.3"}
+    lines = ["category\tprompts\tmax_rows\tmodes"] + [
+        f"{name}\t{file}\t{n}\t{modes.get(name, '')}" for name, (file, n) in sheet.items()
+    ]
     (path / "config" / "categories.tsv").write_text("\n".join(lines) + "\n")
     wd.snakemake("--cores", "2", timeout=1800)
     wd.categories = list(sheet)
@@ -103,16 +116,21 @@ def test_every_turn_of_every_real_row_ends_in_exactly_one_place(real_run):
     wd = real_run
     for category in wd.categories:
         prompts = read_rows(wd.path / "results" / "prompts" / f"{category}.parquet")
-        expected = Counter((p["id"], p["sample_index"], t) for p in prompts for t in range(len(p["turn_ends"]) or 1))
+        expected = Counter(
+            (p["id"], p["sample_index"], t, p["mode"]) for p in prompts for t in range(len(p["turn_ends"]) or 1)
+        )
         found = Counter()
         for row in wd.jsonl(f"results/dataset/{category}.jsonl"):
-            found.update((row["id"], row["sample_index"], t) for t in range(row["turn"], row["turn"] + row["turns"]))
+            turns = range(row["turn"], row["turn"] + row["turns"])
+            found.update((row["id"], row["sample_index"], t, row["mode"]) for t in turns)
         for row in wd.jsonl(f"results/rejected/{category}.jsonl"):
-            found[(row["id"], row["sample_index"], row["turn"])] += 1
+            found[(row["id"], row["sample_index"], row["turn"], row["mode"])] += 1
             assert row["reason"] and "unexpected" not in row["reason"], row
         assert found == expected, category
         if category in ("sharegpt", "mtbench"):  # multi-turn sets: later turns were made
-            assert any(turn > 0 for _, _, turn in expected), category
+            assert any(turn > 0 for _, _, turn, _ in expected), category
+        if category in ("sharegpt", "mtbench", "bfcl"):  # made in both modes
+            assert {mode for *_, mode in expected} == {"thinking", "instant"}, category
 
 
 def test_real_rows_pass_the_checks_and_hold_what_the_engine_generated(real_run):
