@@ -54,6 +54,18 @@ SGLANG_VERSION: str = _node(("model", "sglang_version"))["default"]
 
 # The one mode of a model profile that names no modes (model.modes).
 DEFAULT_MODE = "default"
+# Every mode: the mix that makes each conversation in all of them, and the mode of a table row that
+# counts all of them (a category's or the run's whole row). No mode may be named so.
+ALL_MODES = "all"
+
+
+def mode_totals(modes: list[str]) -> tuple[list[str], str]:
+    """The totals a table with a row per mode ends with: (the modes totalled on their own, where there
+    are several; the mode of the overall total: ALL_MODES, or the one mode)."""
+    if len(modes) > 1:
+        return list(modes), ALL_MODES
+    return [], modes[0] if modes else DEFAULT_MODE
+
 
 # Sampling keys the pipeline sends on every request. SGLang's /generate applies none of the model's
 # generation_config defaults, so every one of these is always explicit.
@@ -209,7 +221,7 @@ class ModeMix:
         text = "" if spec is None or spec != spec else str(spec).strip()
         if not text:
             return cls(((modes[0], 1.0),))
-        if text == "all":
+        if text == ALL_MODES:
             return cls(tuple((m, 1.0 / len(modes)) for m in modes), every=True)
         weights: dict[str, float] = {}
         for part in text.split(","):
@@ -245,7 +257,7 @@ class ModeMix:
         return (self.shares[-1][0],)
 
     def to_json(self) -> str:
-        return "all" if self.every else ",".join(f"{m}:{round(s, 6)}" for m, s in self.shares)
+        return ALL_MODES if self.every else ",".join(f"{m}:{round(s, 6)}" for m, s in self.shares)
 
 
 def max_new_tokens_for(config: dict, category: dict) -> int:

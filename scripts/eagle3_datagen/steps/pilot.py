@@ -37,7 +37,7 @@ from eagle3_datagen.generation.journal import Journal
 from eagle3_datagen.generation.servers import job_facts
 from eagle3_datagen.quality.flags import CODES, LOOP_FINISH, QualityFacts, QualitySettings, row_flags
 from eagle3_datagen.quality.loops import find_loop
-from eagle3_datagen.settings import DEFAULT_MODE, ClientSettings, ModelProfile, server_gpus, stable_hash
+from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, ClientSettings, ModelProfile, server_gpus, stable_hash
 from eagle3_datagen.steps.export_dataset import dataset_row
 from eagle3_datagen.steps.generate import generate_category
 from eagle3_datagen.steps.plan_generation import journal_path
@@ -258,7 +258,7 @@ def project_pilot(
     import pandas as pd
 
     from eagle3_datagen.figures import plot_projection
-    from eagle3_datagen.steps.summarize import ALL_MODES, series_name
+    from eagle3_datagen.steps.summarize import series_name
 
     settings = QualitySettings.from_config(quality)
     rows = []

@@ -9,7 +9,7 @@ from eagle3_datagen.figures import plot_finish_reasons, plot_token_share, plot_v
 from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.settings import DEFAULT_MODE
 from eagle3_datagen.steps.check_parsers import VERDICTS
-from eagle3_datagen.steps.summarize import series_name
+from eagle3_datagen.steps.summarize import by_series
 from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_batches, iter_record_batches, read_provenance
 
 
@@ -69,17 +69,6 @@ def tally_finishes(
                 else:
                     c["after"] += 1
     return {mode: tuple(c[k] for k in FINISH_KINDS) for mode, c in counts.items()}
-
-
-def by_series(per_category: dict[str, dict]) -> dict:
-    """{category: {mode: value}} as the figures' series: by category, or by category and mode
-    ("math (instant)") where the run has several modes."""
-    several = len({mode for by_mode in per_category.values() for mode in by_mode}) > 1
-    return {
-        series_name(category, mode, several): value
-        for category, by_mode in per_category.items()
-        for mode, value in by_mode.items()
-    }
 
 
 def plot_checks(

@@ -15,7 +15,8 @@ import pandas as pd
 
 from eagle3_datagen.figures import _pyplot, _save
 from eagle3_datagen.quality.flags import CODES, QualitySettings
-from eagle3_datagen.steps.summarize import ALL_MODES, series_name
+from eagle3_datagen.settings import ALL_MODES
+from eagle3_datagen.steps.summarize import series_name
 
 log = logging.getLogger(__name__)
 

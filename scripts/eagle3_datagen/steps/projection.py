@@ -15,7 +15,7 @@ import logging
 import math
 
 from eagle3_datagen.quality.flags import CODES
-from eagle3_datagen.settings import DEFAULT_MODE
+from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, mode_totals
 
 log = logging.getLogger(__name__)
 
@@ -196,8 +196,6 @@ def category_rows(category: str, measures: list[dict], run: dict) -> list[dict]:
 
     A mode whose usable conversations the pilot drew none of is projected from the category's whole
     sample (its `sampled` is 0 and its flags are unknown), with a warning."""
-    from eagle3_datagen.steps.summarize import ALL_MODES  # loads pandas: only the projection needs it
-
     # The pilot's journal holds every mode's requests: its bytes per request are the category's.
     journal_per_request = run["journal_bytes"] / max(sum(m["requests"] for m in measures), 1)
     rows = []
@@ -229,12 +227,8 @@ def category_rows(category: str, measures: list[dict], run: dict) -> list[dict]:
 def total_rows(rows: list[dict]) -> list[dict]:
     """The totals under the categories' rows: one per mode where the run has several, then the one over
     every category (mode `all` where the run has several modes, else its one mode)."""
-    from eagle3_datagen.steps.summarize import ALL_MODES
-
     leaves = [r for r in rows if r["mode"] != ALL_MODES]
-    modes = list(dict.fromkeys(r["mode"] for r in leaves))
-    totals = []
-    if len(modes) > 1:
-        totals += [total_row([r for r in leaves if r["mode"] == mode], "total", mode) for mode in modes]
-    totals.append(total_row(leaves, "total", ALL_MODES if len(modes) > 1 else (modes[0] if modes else DEFAULT_MODE)))
+    separate, overall = mode_totals(list(dict.fromkeys(r["mode"] for r in leaves)))
+    totals = [total_row([r for r in leaves if r["mode"] == mode], "total", mode) for mode in separate]
+    totals.append(total_row(leaves, "total", overall))
     return totals

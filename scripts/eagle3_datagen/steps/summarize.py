@@ -18,15 +18,13 @@ import pyarrow.compute as pc
 
 from eagle3_datagen.figures import plot_lengths, plot_turns
 from eagle3_datagen.quality.flags import CODES
-from eagle3_datagen.settings import DEFAULT_MODE
+from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, mode_totals
 from eagle3_datagen.storage.prompts import without_source
 from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_record_batches, read_provenance
 
 log = logging.getLogger(__name__)
 
 STATUSES = ("ok", "skipped", "failed", "filtered")
-# The mode of a summary row that counts every mode of its category (or of the run).
-ALL_MODES = "all"
 # What reading the prompt files changed (prompt_rows._sharegpt_fixes, ReadOptions.system_prompt), per category.
 NORMALIZATION = ("speakers_mapped", "leading_assistant_dropped", "same_speaker_merged", "system_prompt_added")
 
@@ -267,12 +265,10 @@ def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
     Rows of one mode never overlap; so `frame[frame["mode"] != "all"]` sums to the totals."""
     frame = pd.DataFrame(rows)
     per_mode = frame[frame["mode"] != ALL_MODES]
-    modes = list(dict.fromkeys(per_mode["mode"]))
+    separate, overall = mode_totals(list(dict.fromkeys(per_mode["mode"])))
     whole = frame[(frame["mode"] == ALL_MODES) | ~frame["category"].isin(frame[frame["mode"] == ALL_MODES]["category"])]
-    totals = []
-    if len(modes) > 1:
-        totals += [_total(per_mode[per_mode["mode"] == mode], mode, False) for mode in modes]
-    totals.append(_total(whole, ALL_MODES if len(modes) > 1 else (modes[0] if modes else DEFAULT_MODE), True))
+    totals = [_total(per_mode[per_mode["mode"] == mode], mode, False) for mode in separate]
+    totals.append(_total(whole, overall, True))
     frame = pd.concat([frame, pd.DataFrame(totals)], ignore_index=True)
     for kind in NORMALIZATION:
         frame[kind] = frame[kind].astype("Int64")
@@ -284,6 +280,18 @@ def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
 def series_name(category: str, mode: str, several_modes: bool) -> str:
     """A figure's name for a category's rows of one mode: "math (instant)" where the run has several modes."""
     return f"{category} ({mode})" if several_modes else category
+
+
+def by_series(per_category: dict[str, dict], several: bool | None = None) -> dict:
+    """{category: {mode: value}} as the figures' series (`series_name`); `several`: whether the run has
+    several modes (default: whether `per_category` holds several)."""
+    if several is None:
+        several = len({mode for by_mode in per_category.values() for mode in by_mode}) > 1
+    return {
+        series_name(category, mode, several): value
+        for category, by_mode in per_category.items()
+        for mode, value in by_mode.items()
+    }
 
 
 def iter_jsonl(path: str | Path) -> Iterator[dict]:
@@ -326,14 +334,7 @@ def summarize(
     turns = write_turns(per_turn, turns_summary)
     # The figures draw a series per category, and per category and mode where the run has several.
     several = len({mode for by_mode in lengths.values() for mode in by_mode} | set(turns["mode"])) > 1
-    plot_lengths(
-        {
-            series_name(category, mode, several): pair
-            for category, by_mode in lengths.items()
-            for mode, pair in by_mode.items()
-        },
-        lengths_png,
-    )
+    plot_lengths(by_series(lengths, several), lengths_png)
     plot_turns(
         turns.assign(category=[series_name(c, m, several) for c, m in zip(turns["category"], turns["mode"])]), turns_png
     )
