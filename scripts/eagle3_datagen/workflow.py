@@ -183,10 +183,18 @@ def load_config(path: str | Path, overrides: dict | None = None) -> dict:
 
 
 def setup_logging(log_file: str | Path | None = None, level: int = logging.INFO) -> None:
-    """Configure logging once: to the rule's log file, or to stderr when run by hand."""
+    """Configure logging once: to the rule's log file, or to stderr when run by hand.
+
+    With a log file, progress lines (`storage.progress`) also go to stderr, which Snakemake shows in
+    its terminal, named by the job's wildcards; every other line stays in the log file."""
+    from eagle3_datagen.storage.progress import ProgressOnly, terminal_format
+
     if log_file:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-        handlers: list[logging.Handler] = [logging.FileHandler(log_file)]
+        terminal = logging.StreamHandler(sys.stderr)
+        terminal.addFilter(ProgressOnly())
+        terminal.setFormatter(logging.Formatter(terminal_format(log_file), datefmt="%H:%M:%S"))
+        handlers: list[logging.Handler] = [logging.FileHandler(log_file), terminal]
     else:
         handlers = [logging.StreamHandler(sys.stderr)]
     logging.basicConfig(

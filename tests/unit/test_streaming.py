@@ -226,4 +226,5 @@ def test_long_steps_say_how_far_they_are(caplog):
         batches = list(logged(([i] * 3 for i in range(4)), 12, "a_step", interval_s=0))
     assert len(batches) == 4
     lines = [r.getMessage() for r in caplog.records if r.name == "a_step"]
-    assert lines[0].startswith("a_step: 3 of 12 rows") and lines[-1].startswith("a_step: 12 of 12 rows")
+    assert lines[0] == "0 of 12 rows" and lines[1].startswith("3 of 12 rows")
+    assert lines[-1].startswith("12 of 12 rows done in")

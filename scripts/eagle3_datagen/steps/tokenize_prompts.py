@@ -10,15 +10,15 @@ token facts), `generation.turns`.
 
 import json
 import logging
-import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from eagle3_datagen.generation.turns import turn_ends
 from eagle3_datagen.settings import Budget, ModelProfile, ModeMix, stable_hash
+from eagle3_datagen.storage.progress import Progress
 from eagle3_datagen.storage.prompt_rows import PromptRow, ReadOptions
-from eagle3_datagen.storage.prompts import iter_prompts, without_source
+from eagle3_datagen.storage.prompts import iter_prompts, prompt_extent, without_source
 from eagle3_datagen.storage.tables import PROMPTS_SCHEMA, Batching, TableWriter
 from eagle3_datagen.tokens.templating import CONTROL_TOKEN_POLICY, ChatTokenizer
 from eagle3_datagen.tokens.token_facts import output_budget, token_facts
@@ -63,7 +63,9 @@ def tokenize_prompts(
     chats = mode_chats(ChatTokenizer(tokenizer, profile.for_mode(mix.names[0])), profile, mix.names)
     batching = Batching.from_config(batch)
     tally = Tally()
-    started = time.perf_counter()
+    extent = prompt_extent(source)  # for the progress lines: the records (or lines) ahead
+    progress = Progress("tokenize_prompts", extent.rows)
+    progress.start()
     with TableWriter(prompts, PROMPTS_SCHEMA, batching) as writer:
         for rows in input_batches(iter_prompts(source, ReadOptions(**(reading or {}))), batching):
             for row in rows:
@@ -82,6 +84,7 @@ def tokenize_prompts(
             )
             tally.add(rows, table)
             writer.write(table)
+            progress.advance(len(rows), None if extent.rows is not None else extent.fraction(rows[-1].source))
         check_bad_rows(
             tally,
             source,
@@ -102,15 +105,13 @@ def tokenize_prompts(
             "modes": modes,
         }
         writer.close(table_provenance(source, tokenizer, profile, tally, params, mix))
-    elapsed = time.perf_counter() - started
+    progress.finish()
     log.info(
-        "%s: %d rows, %d usable, %d prompt tokens in %.2f s (%.0f rows/s)",
+        "%s: %d rows, %d usable, %d prompt tokens",
         category,
         tally.rows,
         tally.rows - tally.skipped,
         tally.prompt_tokens,
-        elapsed,
-        tally.rows / elapsed if elapsed > 0 else 0.0,
     )
 
 

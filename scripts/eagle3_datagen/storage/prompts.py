@@ -9,16 +9,22 @@ One guard in `iter_prompts` turns whatever goes wrong with one row into that row
 is logged (a possible bug, counted and limited by the tokenize step). Only a file that cannot be
 read as a whole is a `PromptFileError`.
 
+`prompt_extent` says, before the reading pass and without parsing, how many records the input
+holds (or, for a JSON array, how many lines), so that the pass can say how far it is.
+
 May import: `settings`, `storage.prompt_rows`, `storage.prompt_files`, `storage.prompt_formats`.
 """
 
+import codecs
+import itertools
 import logging
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_datagen.settings import stable_hash
-from eagle3_datagen.storage.prompt_files import PromptFileError
+from eagle3_datagen.storage.prompt_files import PromptFileError, file_kind, folder_files, read_blocks, split_lines
 from eagle3_datagen.storage.prompt_formats import JSON_COLUMNS, iter_records
 from eagle3_datagen.storage.prompt_rows import PromptRow, ReadOptions, RowError, normalize_row, valid_text
 
@@ -84,6 +90,92 @@ def iter_prompts(path: str | Path, options: ReadOptions | None = None) -> Iterat
         yield row
     if not n:
         raise PromptFileError(f"prompts file {path} is empty: it holds no rows")
+
+
+@dataclass(frozen=True)
+class Extent:
+    """How much a prompt file or folder holds, found without parsing it. `rows`: its records (JSON
+    lines: the non-blank lines; Parquet and Arrow: their metadata), or None where any file is a JSON
+    array (counting its elements would parse it). `places`: each file's lines (JSON) or rows (Parquet,
+    Arrow) in reading order, by which a record's `source` ("f.json:120") says how far the pass is."""
+
+    rows: int | None
+    places: dict[str, int]
+
+    def fraction(self, source: str) -> float | None:
+        """The share of the input read up to the record at `source` ("f.json:120", "f.parquet:row 3")."""
+        file, _, place = source.rpartition(":")
+        number = place.removeprefix("row ")
+        if file not in self.places or not number.isdigit() or not sum(self.places.values()):
+            return None
+        before = 0
+        for name, n in self.places.items():
+            if name == file:
+                break
+            before += n
+        return min((before + int(number)) / sum(self.places.values()), 1.0)
+
+
+UNKNOWN_EXTENT = Extent(None, {})
+
+
+def prompt_extent(path: str | Path) -> Extent:
+    """How many records (or lines) the prompt file or folder `path` holds, read ahead in one pass
+    over its bytes (JSON) or its metadata (Parquet, Arrow), never parsed. A file that cannot be read
+    has no extent: the reading pass says what is wrong with it."""
+    path = Path(path)
+    try:
+        rows: int | None = 0
+        places: dict[str, int] = {}
+        for file in folder_files(path) if path.is_dir() else [path]:
+            records, places[str(file)] = _file_extent(file)
+            rows = None if rows is None or records is None else rows + records
+        return Extent(rows, places)
+    except Exception as exc:
+        log.info(
+            "%s: the rows cannot be counted ahead (%s: %s); progress without a total", path, type(exc).__name__, exc
+        )
+        return UNKNOWN_EXTENT
+
+
+def _file_extent(path: Path) -> tuple[int | None, int]:
+    """(records or None, lines or rows) of one prompt file, as `iter_records` would read it."""
+    kind = file_kind(path)
+    if kind == "columnar":
+        rows = _columnar_rows(path)
+        return rows, rows
+    if kind != "json":
+        raise PromptFileError(f"{path}: unknown prompt file type")
+    blocks = read_blocks(path)
+    head = b""
+    for block in blocks:  # to the first character that is not a byte order mark or space
+        head += block
+        if head.removeprefix(codecs.BOM_UTF8).lstrip():
+            break
+    head = head.removeprefix(codecs.BOM_UTF8)
+    stream = itertools.chain([head], blocks)
+    if head.lstrip()[:1] == b"[":  # one JSON array: its lines, counted as bytes
+        return None, sum(block.count(b"\n") for block in stream) + 1
+    lines = records = 0
+    for line in split_lines(stream):
+        lines += 1
+        records += bool(line.strip())
+    return records, lines
+
+
+def _columnar_rows(path: Path) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.suffix == ".parquet":
+        return pq.read_metadata(path).num_rows
+    with pa.memory_map(str(path)) as source:  # `datasets` writes Arrow IPC streams
+        try:
+            return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
+        except pa.ArrowInvalid:
+            source.seek(0)
+            reader = pa.ipc.open_file(source)
+            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
 
 
 class _Rows:

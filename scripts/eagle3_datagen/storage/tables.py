@@ -6,9 +6,7 @@ a step's memory a batch at a time, never whole.
 """
 
 import json
-import logging
 import os
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from eagle3_datagen.storage.progress import INTERVAL_S, Progress
 
 IDS = pa.list_(pa.int32())
 
@@ -142,21 +142,17 @@ def iter_rows(
         yield from rows
 
 
-def logged(batches: Iterable, total: int, label: str, interval_s: float = 30.0) -> Iterator:
-    """The batches (lists, or pairs of lists) as they come, with a progress line every `interval_s`:
-    a step that takes an hour on a large category says how far it is."""
-    log = logging.getLogger(label)
-    started = last = time.monotonic()
-    done = 0
+def logged(batches: Iterable, total: int, label: str, interval_s: float = INTERVAL_S) -> Iterator:
+    """The batches (lists, or pairs of lists) as they come, with progress lines (`progress.Progress`,
+    logger `label`): one at the start, then about every `interval_s` with counts, percent, rate and
+    ETA, and one at the end. A step that takes an hour on a large category says how far it is, in its
+    log and in Snakemake's terminal (`workflow.setup_logging`)."""
+    progress = Progress(label, total, interval_s=interval_s)
+    progress.start()
     for batch in batches:
         yield batch
-        done += len(batch[0] if isinstance(batch, tuple) else batch)
-        now = time.monotonic()
-        if now - last >= interval_s:
-            rate = done / (now - started)
-            eta = (total - done) / rate if rate > 0 else float("inf")
-            log.info("%s: %d of %d rows, %.0f rows/s, about %.0f s to go", label, done, total, rate, eta)
-            last = now
+        progress.advance(len(batch[0] if isinstance(batch, tuple) else batch))
+    progress.finish()
 
 
 def count_rows(path: str | Path) -> int:
