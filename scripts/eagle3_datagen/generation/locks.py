@@ -13,7 +13,8 @@ and GPFS keep across nodes, and that dies with its holder: a holder that is kill
 SIGKILL, releases it at once on a local or parallel filesystem; on NFS, when the server notices
 (NFSv4: within its lease time, 90 s by default). A lock left by a dead holder is so taken over by
 the next job without anyone removing a file. The holder's description is written into the lock
-file only to name it in the message.
+file only to name it in the message; a disk too full to take it is a `DiskFull` naming the lock file,
+and the job stops before it starts a server.
 """
 
 import errno
@@ -23,6 +24,9 @@ import os
 import socket
 import time
 from pathlib import Path
+from typing import NoReturn
+
+from eagle3_datagen.storage.disk import disk_full, is_full
 
 
 class ShardBusy(RuntimeError):
@@ -50,8 +54,11 @@ class ShardLock:
         self._fd: int | None = None
 
     def acquire(self) -> "ShardLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            self._stop(exc)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -70,11 +77,26 @@ class ShardLock:
                 f"finish (a rerun then sends nothing it journalled), or stop it{hint} and rerun; a holder that "
                 "dies releases the lock by itself (see the README: after a kill or preemption)."
             ) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, (json.dumps(holder_facts()) + "\n").encode())
-        os.fsync(fd)
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, (json.dumps(holder_facts()) + "\n").encode())
+            os.fsync(fd)
+        except OSError as exc:
+            os.close(fd)  # and so the lock goes
+            self._stop(exc)
         self._fd = fd
         return self
+
+    def _stop(self, exc: OSError) -> NoReturn:
+        """Raise a `DiskFull` naming the lock file for a full disk, `exc` itself otherwise."""
+        if not is_full(exc):
+            raise exc
+        raise disk_full(
+            exc,
+            self.path,
+            what="the lock file of the journal",
+            advice="nothing was sent; free space on {mount} or point cache_dir at a disk with room, then rerun",
+        ) from exc
 
     def release(self) -> None:
         if self._fd is not None:

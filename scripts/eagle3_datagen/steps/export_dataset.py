@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from eagle3_datagen.quality.gate import Gate, reason_of
 from eagle3_datagen.settings import DEFAULT_MODE, defaults
+from eagle3_datagen.storage.disk import AtomicFile
 from eagle3_datagen.storage.tables import (
     IDS,
     Batching,
@@ -242,37 +243,29 @@ class TurnMerger:
 
 
 class JsonlWriter:
-    """JSON lines written as they come, atomically (a temp file renamed at `close`); on an exception
-    the temp file goes. Lines are what `json.dumps(row, ensure_ascii=False, separators=(",", ":"))`
-    gives, made by orjson (several times faster on long id lists)."""
+    """JSON lines written as they come, atomically (a temp file renamed at `close`, `disk.AtomicFile`);
+    on an exception, a full disk among them (`DiskFull`, naming the file), the temp file goes. Lines
+    are what `json.dumps(row, ensure_ascii=False, separators=(",", ":"))` gives, made by orjson
+    (several times faster on long id lists)."""
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.path.with_name(self.path.name + ".tmp")
-        self._fh = open(self.tmp, "wb")
+        self._file = AtomicFile(path, what="JSON lines file")
+        self.path, self.tmp = self._file.path, self._file.tmp
         self.rows = 0
 
     def write(self, rows: Iterable[dict]) -> None:
         for row in rows:
-            self._fh.write(orjson.dumps(row) + b"\n")
+            self._file.write(orjson.dumps(row) + b"\n")
             self.rows += 1
 
     def close(self) -> None:
-        self._fh.close()
-        self.tmp.replace(self.path)
+        self._file.close()
 
     def __enter__(self) -> "JsonlWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self._fh.closed:
-            return
-        if exc_type is None:
-            self.close()
-        else:
-            self._fh.close()
-            self.tmp.unlink(missing_ok=True)
+        self._file.__exit__(exc_type, exc, tb)
 
 
 def write_jsonl(rows: Iterable[dict], path: str | Path) -> None:
@@ -335,9 +328,7 @@ def merge_datasets(paths: list[Path], out: Path) -> dict:
     grows by a few MB per 100k rows, whatever the lengths."""
     seen: set[bytes] = set()
     kept = duplicates = 0
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "wb") as dst:
+    with AtomicFile(out, what="JSON lines file") as dst:
         for path in paths:
             with open(path, "rb") as src:
                 for line in src:
@@ -348,7 +339,6 @@ def merge_datasets(paths: list[Path], out: Path) -> dict:
                     seen.add(digest)
                     dst.write(line)
                     kept += 1
-    tmp.replace(out)
     return {"rows": kept, "duplicates_dropped": duplicates}
 
 

@@ -1,0 +1,155 @@
+"""A full disk, said plainly: `DiskFull`, and files written whole or not at all (`AtomicFile`).
+
+A write that finds its disk full (ENOSPC) or its quota spent (EDQUOT) becomes a `DiskFull` whose
+message names the file, the bytes that did not fit, the bytes still free on that filesystem (a quota
+may allow fewer), where the caller knows it the space the rest of the work needs, and what to do.
+It is an `OSError` with the original errno, so code that handles OSErrors still does.
+
+`AtomicFile` writes `<path>.tmp` and renames it over `path` when it is closed whole: a full disk, or
+any other exception, removes the temp file, so no half file is ever found under the final name.
+
+Imports nothing of the package.
+"""
+
+import errno
+import os
+from contextlib import suppress
+from pathlib import Path
+
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class DiskFull(OSError):
+    """A write stopped by a full disk or a spent quota; `path` is the file it was for."""
+
+    def __init__(self, code: int, message: str, path: str | Path | None = None):
+        super().__init__(code, message)
+        self.path = None if path is None else Path(path)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def is_full(exc: BaseException) -> bool:
+    """Whether `exc` is a disk-full error (ENOSPC, EDQUOT)."""
+    return isinstance(exc, OSError) and exc.errno in FULL_ERRNOS
+
+
+def _existing(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def mount_of(path: str | Path) -> Path:
+    """The mount point of the filesystem that holds (or would hold) `path`."""
+    path = _existing(Path(path))
+    while not os.path.ismount(path):
+        path = path.parent
+    return path
+
+
+def free_bytes(path: str | Path) -> int | None:
+    """Bytes an unprivileged user may still write on the filesystem of `path` (None: unknown)."""
+    try:
+        st = os.statvfs(_existing(Path(path)))
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def size_text(n: int) -> str:
+    """`n` bytes, exactly and at a glance: "1523456 bytes (1.5 MB)"."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n} bytes ({n / scale:.1f} {unit})"
+    return f"{n} bytes"
+
+
+DEFAULT_ADVICE = "free space on {mount}, then rerun"
+
+
+def disk_full(
+    exc: OSError,
+    path: str | Path,
+    *,
+    what: str = "file",
+    unwritten: int | None = None,
+    needed: int | None = None,
+    advice: str = DEFAULT_ADVICE,
+) -> DiskFull:
+    """The `DiskFull` of `exc` (ENOSPC or EDQUOT) met while writing `path`.
+
+    `what` names the file ("journal", "table"); `unwritten`: the bytes that did not fit; `needed`:
+    about how much the rest of the work needs; `advice`: what to do ({mount} is filled in)."""
+    mount = mount_of(path)
+    cause = "the disk quota is exceeded (EDQUOT)" if exc.errno == errno.EDQUOT else "the disk is full (ENOSPC)"
+    parts = [f"{what} {path}: {cause}"]
+    if unwritten is not None:
+        parts.append(f"{size_text(unwritten)} did not fit")
+    free = free_bytes(path)
+    if free is not None:
+        quota = ", a quota may allow less" if exc.errno == errno.EDQUOT else ""
+        parts.append(f"{size_text(free)} free on {mount}{quota}")
+    if needed is not None:
+        parts.append(f"the rest of the work needs about {size_text(needed)} more")
+    todo = advice.format(mount=mount)
+    return DiskFull(exc.errno, f"{'; '.join(parts)}. {todo[:1].upper()}{todo[1:]}.", path)
+
+
+class AtomicFile:
+    """Bytes written to `<path>.tmp`, renamed to `path` at `close`. On any exception (a full disk
+    among them: then a `DiskFull` naming `path`) the temp file goes and `path` is left as it was."""
+
+    def __init__(self, path: str | Path, what: str = "file"):
+        self.path = Path(path)
+        self.what = what
+        self.tmp = self.path.with_name(self.path.name + ".tmp")
+        self.closed = False
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.tmp, "wb")
+        except OSError as exc:
+            self._fh = None
+            self._fail(exc)
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._fh.write(data)
+        except OSError as exc:
+            self._fail(exc)
+
+    def close(self) -> None:
+        """Write what is buffered and put the file in place."""
+        try:
+            self._fh.close()
+            os.replace(self.tmp, self.path)
+        except OSError as exc:
+            self._fail(exc)
+        self.closed = True
+
+    def discard(self) -> None:
+        """Remove the temp file; `path` stays as it was."""
+        if self._fh is not None:
+            with suppress(OSError):  # the buffered tail cannot be written: it is not wanted either
+                self._fh.close()
+        self.tmp.unlink(missing_ok=True)
+        self.closed = True
+
+    def _fail(self, exc: OSError):
+        self.discard()
+        if is_full(exc):
+            raise disk_full(exc, self.path, what=self.what) from exc
+        raise exc
+
+    def __enter__(self) -> "AtomicFile":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.closed:
+            return
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
