@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # module's tests stay on one worker (--dist loadfile), so its shared workflow run is made once.
 JOBS ?= 2
 
-.PHONY: demo demo-sglang-cpu test test-fast lint oracles realdata sglang-server clean-results
+.PHONY: demo demo-sglang-cpu status test test-fast lint oracles realdata sglang-server clean-results
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ demo: $(STAMP)
 	$(BIN)/snakemake --cores 2
 	$(BIN)/snakemake --report report.html
 	@echo "trainer rows: results/dataset/ (per category), results/train/train.jsonl  summary: results/summary.tsv  report: report.html"
+
+# How far the run in this directory is (any time, from the host that submitted it; read-only).
+status: $(STAMP)
+	$(BIN)/python scripts/status.py
 
 lint: $(STAMP)
 	$(BIN)/snakemake --lint

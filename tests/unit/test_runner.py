@@ -13,7 +13,9 @@ from eagle3_datagen.storage.layout import PATHS
 from eagle3_datagen.workflow import PARAMS
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = sorted((ROOT / "scripts").glob("*.py"))
+# Commands that are not a rule's script: each is its step module's `main` (its own options).
+COMMANDS = {"status"}
+SCRIPTS = sorted(p for p in (ROOT / "scripts").glob("*.py") if p.stem not in COMMANDS)
 CALLS = []
 
 
@@ -128,6 +130,12 @@ def test_every_script_is_the_runner_on_the_step_of_its_rule():
         assert len(lines) == 3, script
     smk = "".join(p.read_text() for p in (ROOT / "rules").glob("*.smk"))
     assert rules == {name for name in rules if f"rule {name}:" in smk or f"checkpoint {name}:" in smk}
+
+
+def test_every_command_is_its_step_modules_main():
+    for name in COMMANDS:
+        lines = [line for line in (ROOT / "scripts" / f"{name}.py").read_text().splitlines() if line]
+        assert f"from eagle3_datagen.steps.{name} import main" in lines and lines[-1] == "sys.exit(main())"
 
 
 def test_every_step_parameter_is_in_a_table():

@@ -6,12 +6,10 @@ the server side gains nothing from client-side batches. A bounded number of requ
 timeouts, aborted or malformed answers) are retried with jittered exponential backoff; HTTP 400 is
 final. Every row ends as `ok` (exact `output_ids` as returned) or `failed` (with the last error).
 
-Every request goes through one aiohttp session per run: keep-alive connections per server, bodies as
-orjson bytes, answers read as bytes and parsed by orjson, no timer per request (`Deadlines` keeps
-the timeouts). With an `identity.AnswerCheck`, a server's first answers are checked against the job's
-tokenizer and held until it is confirmed, before any is journalled. With a `streaming.LiveStop`,
-answers are streamed and a loop is stopped on the server as it is generated (`streaming`). Imports
-`requests`, `answers`, `streaming`, `pacing`, `load`, `session`, `server_info`, `identity`, `journal`.
+One aiohttp session per run: keep-alive connections per server, orjson bodies and answers, no timer
+per request (`Deadlines` keeps the timeouts). With an `identity.AnswerCheck`, a server's first answers
+are checked against the job's tokenizer and held until it is confirmed, before any is journalled. With
+a `streaming.LiveStop`, a loop is stopped as it streams. Imports this layer (not `progress`), `storage.disk`.
 """
 
 import asyncio
@@ -37,6 +35,7 @@ from eagle3_datagen.generation.server_info import LoadReader
 from eagle3_datagen.generation.session import open_session, run_loop  # noqa: F401 (run_loop: for the steps)
 from eagle3_datagen.generation.streaming import LiveStop, StreamedAnswer, answer_fields, post_streamed
 from eagle3_datagen.settings import DEFAULT_MODE, ClientSettings
+from eagle3_datagen.storage.disk import DiskFull
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +80,7 @@ class GenerateClient:
         if not urls:
             raise ValueError("no server URL to send requests to")
         self.urls = [u.rstrip("/") for u in urls]
-        # Parsed once: aiohttp would parse a string URL again for every request.
-        self._generate_urls = [URL(f"{u}/generate") for u in self.urls]
+        self._generate_urls = [URL(f"{u}/generate") for u in self.urls]  # parsed once, not per request
         self.template = template
         self.settings = settings
         # Every request's headers: bodies are JSON (orjson bytes), and the API key where one is set.
@@ -102,6 +100,7 @@ class GenerateClient:
         self._session: aiohttp.ClientSession | None = None
         self.timeline = Timeline()
         self.control: Concurrency | None = None
+        self.progress: Progress | None = None
 
     def _url(self) -> tuple[str, URL]:
         """The next server, round robin: (its base URL, its /generate URL)."""
@@ -315,7 +314,8 @@ class GenerateClient:
             run.tasks.discard(task)
             if not task.cancelled() and task.exception() is not None:
                 run.errors.append(task.exception())
-                if isinstance(task.exception(), ServerMismatch):  # nothing in flight may be kept
+                # Nothing in flight may be kept (a wrong server), or can be (a full disk): stop it now.
+                if isinstance(task.exception(), (ServerMismatch, DiskFull)):
                     for other in run.tasks:
                         other.cancel()
             run.wake.set()
@@ -354,8 +354,7 @@ class GenerateClient:
         its shared prefix is fresh in the server's cache, and the slots stay full while there is work.
         """
         if total is None:
-            requests = list(requests)
-            total = len(requests)
+            requests, total = list(requests), len(requests)
         control = self.control = Concurrency(
             self.settings.cap, auto=self.settings.auto, queue_target=self.settings.queue_target
         )
@@ -370,7 +369,8 @@ class GenerateClient:
             if follow or self.answer_check
             else None,
         )
-        self._pool = run.pool  # the follow-ups' thread checks answers too: one user of the tokenizer at a time
+        # The follow-ups' thread checks answers too (one tokenizer user at a time); `progress`: for the job's file.
+        self._pool, self.progress = run.pool, run.progress
         if self.answer_check is not None:
             self.answer_check.on_hold = run.wake.set
         self.timeline = Timeline()

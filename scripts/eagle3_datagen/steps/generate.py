@@ -30,6 +30,7 @@ from eagle3_datagen.generation.assemble import (
 from eagle3_datagen.generation.client import GenerateClient, ServerDied, run_loop
 from eagle3_datagen.generation.identity import AnswerCheck, ServerMismatch, check_model_info
 from eagle3_datagen.generation.journal import Journal, loop_rows
+from eagle3_datagen.generation.progress import Publisher, ShardProgress
 from eagle3_datagen.generation.server_info import streams_incrementally
 from eagle3_datagen.generation.servers import (
     api_key,
@@ -86,6 +87,7 @@ def generate_category(
     writer: TableWriter,
     may_send: bool = True,
     quality: QualitySettings | None = None,
+    shard: tuple[int, int] = (0, 1),
 ) -> dict:
     """Generate every usable row of a category into `writer`; returns the provenance.
 
@@ -93,7 +95,8 @@ def generate_category(
     through them once, a batch at a time); `facts` are the prompts table's token facts
     (provenance); `journal` keeps every finished row and is where results are read back from.
     `quality` (default: the schema's) says whether loops are stopped live, and so which journalled
-    loop rows may be reused (`journal.loop_rows`).
+    loop rows may be reused (`journal.loop_rows`). The job's progress (`shard`: its number and the
+    category's shard count) is published beside the journal for `status` (`generation.progress`).
     """
     quality = quality or QualitySettings.from_config()
     journal.reuse = loop_rows(quality.loop if quality.stops_loops_live else None)
@@ -110,27 +113,41 @@ def generate_category(
         todo = make_plan(prompt_rows(), builder, journal)
         provenance["plan"] = todo.summary()
         log.info("%s plan: %s", category, provenance["plan"])
-        if todo.to_send and not may_send:
-            raise RuntimeError(
-                f"{category}: its plan had nothing to send, but the journal {journal.path} now lacks {todo.to_send} "
-                "rows (was it moved?): rerun, and its plan sends them from a GPU job"
-            )
-        if todo.to_send:
-            provenance |= _send_plan(
-                todo,
-                prompt_rows,
-                builder,
-                journal,
-                engine=engine,
-                profile=profile,
-                client_settings=client_settings,
-                server_log=server_log,
-                category=category,
-                quality=quality,
-            )
-        failures = FailureCount()
-        writer.write(failures.count(assemble(prompt_rows(), builder, journalled_result(journal))))
-    _check_failures(failures, max_failed_share, category, journal)
+        progress = ShardProgress(
+            journal.path,
+            category=category.split("[")[0],
+            shard=shard[0],
+            shards=shard[1],
+            plan=provenance["plan"],
+            interval_s=max(client_settings.progress_interval_s, 1.0),
+        )
+        try:
+            if todo.to_send and not may_send:
+                raise RuntimeError(
+                    f"{category}: its plan had nothing to send, but the journal {journal.path} now lacks "
+                    f"{todo.to_send} rows (was it moved?): rerun, and its plan sends them from a GPU job"
+                )
+            if todo.to_send:
+                provenance |= _send_plan(
+                    todo,
+                    prompt_rows,
+                    builder,
+                    journal,
+                    engine=engine,
+                    profile=profile,
+                    client_settings=client_settings,
+                    server_log=server_log,
+                    category=category,
+                    quality=quality,
+                    progress=progress,
+                )
+            failures = FailureCount()
+            writer.write(failures.count(assemble(prompt_rows(), builder, journalled_result(journal))))
+            _check_failures(failures, max_failed_share, category, journal)
+        except BaseException as exc:
+            progress.finish(exc)
+            raise
+        progress.finish()
     return provenance
 
 
@@ -146,6 +163,7 @@ def _send_plan(
     server_log: Path,
     category: str,
     quality: QualitySettings,
+    progress: ShardProgress,
 ) -> dict:
     """Send the plan's requests, and the later turns their answers make, to the servers (started or
     found) until the journal holds every one; returns the provenance of the servers and the client."""
@@ -185,16 +203,18 @@ def _send_plan(
         # (Only where there are later turns: each entry waits for its answer's follow-up.)
         in_flight: dict | None = {} if todo.later_turns else None
         requests = requests_to_send(prompt_rows(), builder, journal, in_flight)
+        journal.remaining_rows = todo.to_send + todo.later_turns  # for a full disk's message
         try:
-            run_loop(
-                client.run(
-                    requests,
-                    journal,
-                    total=todo.to_send + todo.later_turns,
-                    keep_results=False,
-                    follow=follower(in_flight) if todo.later_turns else None,
+            with Publisher(progress, lambda: _sent_counts(client)):
+                run_loop(
+                    client.run(
+                        requests,
+                        journal,
+                        total=todo.to_send + todo.later_turns,
+                        keep_results=False,
+                        follow=follower(in_flight) if todo.later_turns else None,
+                    )
                 )
-            )
         except ServerDied as exc:
             raise ServerDied(
                 f"{category}: {exc}; its log is {server_log}. The journal {journal.path} keeps "
@@ -204,6 +224,22 @@ def _send_plan(
             raise ServerMismatch(f"{category}: {exc}") from None
         sent["client"] = _client_provenance(client)
     return sent
+
+
+def _sent_counts(client: GenerateClient) -> dict:
+    """The client's counts for the progress file (read from another thread: plain numbers)."""
+    counts = client.progress
+    if counts is None:
+        return {}
+    limit = client.control.limit if client.control is not None else None
+    return {
+        "done": counts.done,
+        "failed": counts.failed,
+        "retries": counts.retries,
+        "output_tokens": counts.tokens,
+        "in_flight": client.in_flight,
+        "limit": limit,
+    }
 
 
 def _live_stop(live: LiveStop | None, infos: dict, category: str) -> LiveStop | None:
@@ -308,6 +344,7 @@ def generate(
             writer=writer,
             may_send=may_send,
             quality=QualitySettings.from_config(quality),
+            shard=(shard, shards),
         )
         provenance.update(
             {"prompts": facts, "params": params, "config_sha256": stable_hash(params), "shard": shard, "shards": shards}

@@ -18,6 +18,7 @@ from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.generation.turns import TurnBuilder, walk
 from eagle3_datagen.quality.flags import QualitySettings
 from eagle3_datagen.settings import Budget, ModelProfile
+from eagle3_datagen.storage.layout import journal_path
 from eagle3_datagen.storage.tables import Batching, iter_rows, read_provenance
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class Plan:
 
     to_send: int = 0
     reused: int = 0
+    reused_output_tokens: int = 0
     skipped: int = 0
     prompt_tokens_to_send: int = 0
     max_new_tokens_to_send: int = 0
@@ -46,6 +48,7 @@ class Plan:
         return {
             "to_send": self.to_send,
             "reused": self.reused,
+            "reused_output_tokens": self.reused_output_tokens,
             "skipped": self.skipped,
             "prompt_tokens_to_send": self.prompt_tokens_to_send,
             "max_new_tokens_to_send": self.max_new_tokens_to_send,
@@ -169,6 +172,7 @@ def make_plan(rows: Iterable[dict], builder: TurnBuilder, journal: Journal | Non
         for step in walk(conversation, reusable):
             if step.result is not None:
                 result.reused += 1
+                result.reused_output_tokens += len(step.result.get("output_ids") or ())
                 continue
             result.to_send += 1
             result.prompt_tokens_to_send += len(step.request.prompt_ids)
@@ -204,10 +208,6 @@ def shard_of(row_id: str, shards: int) -> int:
 
 def shard_rows(prompt_rows: Iterable[dict], shard: int, shards: int) -> Iterator[dict]:
     return (r for r in prompt_rows if shards == 1 or shard_of(r["id"], shards) == shard)
-
-
-def journal_path(cache_dir: str | Path, category: str, shard: int, shards: int) -> Path:
-    return Path(cache_dir) / "journal" / category / f"shard_{shard}-of-{shards}.jsonl"
 
 
 def open_journal(cache_dir: str | Path, category: str, shard: int, shards: int, *, read_only: bool = False) -> Journal:

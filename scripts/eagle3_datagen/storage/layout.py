@@ -59,3 +59,10 @@ PATHS = {
 def path(name: str, **wildcards) -> str:
     """One file of the table, e.g. path("plan", category="math", shard=0)."""
     return PATHS[name].format(**wildcards)
+
+
+def journal_path(cache_dir, category: str, shard: int, shards: int):
+    """A shard's journal (`generation.journal`), under the config's `cache_dir`, outside results/."""
+    from pathlib import Path
+
+    return Path(cache_dir) / "journal" / category / f"shard_{shard}-of-{shards}.jsonl"

@@ -1,0 +1,298 @@
+"""status: how far a run is, read from the files it writes, from any host that sees them, at any time.
+
+    .venv/bin/python scripts/status.py [--watch [S]] [--configfile config/config.yaml ...] [--json]
+
+Read-only: it reads the categories sheet, each shard's plan, its generate job's progress file and
+the journal's lines since (`generation.progress`), the journal's lock (tested, never taken), the
+output tables' existence and times, and Snakemake's own markers of jobs in flight
+(`.snakemake/incomplete/`, which hold a submitted job's SLURM id). It writes nothing and takes no
+lock, so it is safe next to running jobs and on NFS, and costs the same whatever the run's size.
+
+A shard is `waiting` (on tokenize_prompts or plan_generation), `queued` (planned; its job not started,
+with its SLURM id once submitted), `starting` (its server starting), `sending`, `done`, `failed` (the
+job's error) or `killed` (its job died without a word: the lock is free, the progress file says
+sending). The steps after generate show `done`, `running` or what they wait on.
+
+Imports `generation.progress`, `storage` and `workflow`'s plain helpers (no Snakemake, no pandas: it
+starts in a fraction of a second).
+"""
+
+import argparse
+import base64
+import csv
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from eagle3_datagen.generation.progress import ShardView, progress_path, read_progress, view
+from eagle3_datagen.storage.layout import journal_path
+from eagle3_datagen.storage.layout import path as layout_path
+
+# A shard's output table: made by its generate job, or from the journal alone (generate_cached).
+OUTPUTS = ("shard_generations", "cached_shard_generations")
+# The steps after generate, per category: (step, its output, the steps it needs besides generate).
+AFTER = (
+    ("merge_shards", "generations", ()),
+    ("check_sequences", "sequence_report", ("merge_shards",)),
+    ("check_parsers", "verdict_counts", ("merge_shards",)),
+    ("export_dataset", "dataset", ("merge_shards", "check_sequences")),
+)
+
+
+@dataclass
+class CategoryView:
+    name: str
+    shards: list[ShardView] = field(default_factory=list)
+    steps: list[tuple[str, str]] = field(default_factory=list)
+
+
+def read_config(configfiles: list[Path]) -> dict:
+    """The configs merged as Snakemake merges `--configfile`s (later keys win, dicts merged)."""
+    config: dict = {}
+    for path in configfiles:
+        with open(path) as fh:
+            _merge(config, yaml.safe_load(fh) or {})
+    return config
+
+
+def _merge(into: dict, other: dict) -> None:
+    for key, value in other.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def categories(config: dict, root: Path) -> list[tuple[str, int]]:
+    """(category, shards) of the sheet, in its order."""
+    with open(root / config["categories"], newline="") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    return [(r["category"], int(r.get("shards") or 1)) for r in rows if r.get("category")]
+
+
+class Markers:
+    """Snakemake's markers of outputs whose job is in flight (or was, when Snakemake was killed):
+    `.snakemake/incomplete/<urlsafe base64 of the path>`, holding the job's SLURM id once submitted."""
+
+    def __init__(self, root: Path):
+        self.dir = root / ".snakemake" / "incomplete"
+        self.snakemake_running = any((root / ".snakemake" / "locks").glob("*"))
+
+    def job(self, output: str) -> dict | None:
+        key = base64.urlsafe_b64encode(output.encode()).decode()
+        try:
+            return json.loads((self.dir / key).read_text() or "{}")
+        except (OSError, ValueError):
+            return None
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def shard_view(root: Path, cache_dir: Path, category: str, shard: int, shards: int, markers: Markers, now: float):
+    """One shard's state, from its plan, its progress file, its journal and its output table."""
+    journal = root / journal_path(cache_dir, category, shard, shards)
+    plan_file = root / layout_path("plan", category=category, shard=shard)
+    planned = _mtime(plan_file)
+    if planned is None:
+        before = "tokenize_prompts" if _mtime(root / layout_path("prompts", category=category)) is None else None
+        return ShardView(state="waiting", error=f"on {before or 'plan_generation'}")
+    outputs = [layout_path(k, category=category, shard=shard) for k in OUTPUTS]
+    finished = [root / p for p in outputs if (_mtime(root / p) or 0) >= planned]
+    facts = read_progress(journal)
+    # A progress file older than the plan is an earlier attempt's: this plan's job has not started.
+    if facts is not None and (_mtime(progress_path(journal)) or 0) >= planned:
+        found = view(journal, facts, now=now)
+        if finished and found.state == "killed":  # ended after its table was written
+            found.state = "done"
+        return found
+    if finished:
+        from eagle3_datagen.storage.tables import count_rows  # pyarrow: only where a table is counted
+
+        rows = count_rows(finished[0])
+        return ShardView(state="done", planned=rows, done=rows, output_tokens=None)
+    plan = json.loads(plan_file.read_text())
+    found = ShardView(
+        state="queued",
+        planned=plan["reused"] + plan["to_send"] + plan["later_turns"],
+        done=plan["reused"],
+        output_tokens=plan.get("reused_output_tokens"),
+    )
+    marker = next((m for m in map(markers.job, outputs) if m is not None), None)
+    if marker is not None and marker.get("external_jobid"):
+        found.slurm_job_id = str(marker["external_jobid"])
+        found.error = f"submitted as SLURM job {found.slurm_job_id}"
+    elif marker is not None and markers.snakemake_running:
+        found.state = "starting"
+    return found
+
+
+def step_states(root: Path, category: str, shards: list[ShardView], markers: Markers) -> list[tuple[str, str]]:
+    """The steps after generate: `done` (output newer than its inputs), `running` (Snakemake's
+    marker; `interrupted` when no Snakemake runs), `to run`, or what they wait on."""
+    tables = [_mtime(root / layout_path(k, category=category, shard=n)) for n in range(len(shards)) for k in OUTPUTS]
+    made = {"generate": max((t for t in tables if t is not None), default=0.0)}
+    done_shards = sum(s.state == "done" for s in shards)
+    states = []
+    for step, output, needs in AFTER:
+        out = layout_path(output, category=category)
+        blockers = [n for n in needs if n not in made]
+        if done_shards < len(shards):
+            blockers = [f"generate ({done_shards} of {len(shards)} shards done)"]
+        mtime = _mtime(root / out)
+        if not blockers and mtime is not None and all(mtime >= made[n] for n in ("generate", *needs)):
+            made[step] = mtime
+            states.append((step, "done"))
+        elif blockers:
+            states.append((step, "waits on " + blockers[0]))
+        elif markers.job(out) is not None:
+            states.append((step, "running" if markers.snakemake_running else "interrupted"))
+        else:
+            states.append((step, "to run"))
+    return states
+
+
+def run_status(root: Path, config: dict, now: float | None = None) -> list[CategoryView]:
+    now = time.time() if now is None else now
+    cache_dir = Path(config.get("cache_dir", "cache"))
+    markers = Markers(root)
+    views = []
+    for name, shards in categories(config, root):
+        shard_views = [shard_view(root, cache_dir, name, n, shards, markers, now) for n in range(shards)]
+        views.append(CategoryView(name, shard_views, step_states(root, name, shard_views, markers)))
+    return views
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def _number(value) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _rate(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:,.2f} {unit}" if value < 10 else f"{value:,.0f} {unit}"
+
+
+def _where(s: ShardView, now: float) -> str:
+    if s.host is None:
+        return s.error or ""
+    job = f"SLURM {s.slurm_job_id} on {s.host}" if s.slurm_job_id else f"{s.host} pid {s.pid}"
+    ago = duration(now - s.updated) if s.updated else "-"
+    if s.state == "failed":
+        return f"{job}, failed {ago} ago: {s.error}"
+    if s.state == "killed":
+        return f"{job}, died {ago} ago (last word): rerun to resume"
+    if s.state == "done":
+        return f"{job}, ended {ago} ago"
+    return job + (f", last word {ago} ago" if now - s.updated > 120 else "")
+
+
+def table(views: list[CategoryView], now: float) -> list[list[str]]:
+    head = ["category", "shard", "state", "rows done", "of", "%", "output tokens", "rows/s", "tokens/s", "ETA"]
+    rows = [head + ["failed", "retried", "limit", "job"]]
+    total = ShardView(state="", requests_per_s=None)
+    rates = [0.0, 0.0]
+    for category in views:
+        for n, s in enumerate(category.shards):
+            share = f"{100 * s.done / s.planned:.1f}" if s.planned else "-"
+            rows.append(
+                [category.name, f"{n}/{len(category.shards)}", s.state, _number(s.done), _number(s.planned), share]
+                + [_number(s.output_tokens), _rate(s.requests_per_s, ""), _rate(s.tokens_per_s, ""), duration(s.eta_s)]
+                + [_number(s.failed), _number(s.retries), _number(s.limit), _where(s, now)]
+            )
+            total.planned += s.planned
+            total.done += s.done
+            total.failed += s.failed
+            total.retries += s.retries
+            total.output_tokens = (
+                None
+                if s.output_tokens is None or total.output_tokens is None
+                else total.output_tokens + s.output_tokens
+            )
+            rates[0] += s.requests_per_s or 0
+            rates[1] += s.tokens_per_s or 0
+    eta = (total.planned - total.done) / rates[0] if rates[0] else None
+    share = f"{100 * total.done / total.planned:.1f}" if total.planned else "-"
+    rows.append(
+        ["total", "", "", _number(total.done), _number(total.planned), share, _number(total.output_tokens)]
+        + [_rate(rates[0] or None, ""), _rate(rates[1] or None, ""), duration(eta), _number(total.failed)]
+        + [_number(total.retries), "", ""]
+    )
+    return rows
+
+
+def render(views: list[CategoryView], root: Path, now: float) -> str:
+    rows = table(views, now)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    left = {0, 1, 2}
+    snakemake = "a Snakemake runs here" if Markers(root).snakemake_running else "no Snakemake runs here"
+    lines = [f"{root} at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}: {snakemake}", ""]
+    for r in rows:
+        cells = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(cells + [r[-1]]).rstrip())
+    lines.append("")
+    for category in views:
+        lines.append(f"{category.name}: {steps_line(category.steps)}")
+    return "\n".join(lines)
+
+
+def steps_line(steps: list[tuple[str, str]]) -> str:
+    """`merge_shards done; check_sequences, check_parsers running; ...`: steps in one state together."""
+    groups: list[tuple[list[str], str]] = []
+    for step, state in steps:
+        if groups and groups[-1][1] == state:
+            groups[-1][0].append(step)
+        else:
+            groups.append(([step], state))
+    return "; ".join(f"{', '.join(names)} {state}" for names, state in groups)
+
+
+def as_json(views: list[CategoryView]) -> list[dict]:
+    out = []
+    for category in views:
+        shards = [{k: v for k, v in asdict(s).items() if k != "facts"} for s in category.shards]
+        out.append({"category": category.name, "shards": shards, "steps": dict(category.steps)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="status")
+    parser.add_argument("--directory", "-d", type=Path, default=Path("."), help="the run's working directory")
+    parser.add_argument(
+        "--configfile", nargs="+", type=Path, help="as given to snakemake (default: config/config.yaml)"
+    )
+    parser.add_argument("--watch", nargs="?", type=float, const=10.0, help="refresh every S seconds (default 10)")
+    parser.add_argument("--json", action="store_true", help="one JSON document instead of the table")
+    args = parser.parse_args(argv)
+    root = args.directory.resolve()
+    config = read_config([root / p for p in args.configfile or [Path("config/config.yaml")]])
+    while True:
+        now = time.time()
+        views = run_status(root, config, now)
+        text = json.dumps(as_json(views), indent=1) if args.json else render(views, root, now)
+        if args.watch:
+            sys.stdout.write("\x1b[H\x1b[2J")
+        print(text, flush=True)
+        if not args.watch:
+            return 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0

@@ -1,0 +1,7 @@
+"""How far the run in this directory is, per category and shard: `python scripts/status.py [--watch]`."""
+
+import sys
+
+from eagle3_datagen.steps.status import main
+
+sys.exit(main())
