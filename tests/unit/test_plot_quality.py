@@ -61,10 +61,12 @@ def test_each_category_stacks_its_kept_rows_under_its_quarantined_ones():
     categories = [t.get_text() for t in by_category.get_xticklabels()]
     assert categories == ["code", "math"]  # the total row is not a category
     drawn = [c for c in CODES if any(c in FLAGS[cat] for cat in FLAGS)]
-    assert set(series) == {f"{c}: kept (policy {POLICIES[c]})" for c in drawn} | {f"{c}: left out" for c in drawn}
+    assert set(series) == {f"{c}: kept (policy {POLICIES[c]})" for c in drawn} | {
+        f"{c}: left out (policy {POLICIES[c]})" for c in drawn
+    }
     for code in drawn:
         kept = series[f"{code}: kept (policy {POLICIES[code]})"]
-        held = series[f"{code}: left out"]
+        held = series[f"{code}: left out (policy {POLICIES[code]})"]
         for cat, (_, k_bottom, k_height, k_hatch), (_, q_bottom, q_height, q_hatch) in zip(categories, kept, held):
             flagged, left_out = FLAGS[cat].get(code, 0), QUARANTINED[cat].get(code, 0)
             assert (k_bottom, k_height, k_hatch) == (0, flagged - left_out, None), (code, cat)
@@ -91,11 +93,30 @@ def test_each_turn_shows_the_share_of_its_generated_rows_each_code_flagged():
 
 def test_the_legends_stand_beside_the_data():
     fig = draw_quality(summary_frame(FLAGS, QUARANTINED), turns_frame(TURNS), POLICIES)
+    fig.tight_layout()
     fig.canvas.draw()
     for ax in fig.axes:
         legend = ax.get_legend()
         assert legend is not None
         assert legend.get_window_extent().x0 >= ax.get_window_extent().x1
+        for other in fig.axes:
+            assert not legend.get_window_extent().overlaps(other.get_window_extent())
+
+
+def test_rows_are_counted_in_whole_numbers_and_shares_in_percent():
+    few = {"code": {"empty_answer": 1}, "math": {}}  # one row: a plain locator would tick 0.2, 0.4 ...
+    fig = draw_quality(summary_frame(few, {"code": {}, "math": {}}), turns_frame(TURNS), POLICIES)
+    fig.canvas.draw()
+    by_category, by_turn = fig.axes
+    low, high = by_category.get_ylim()
+    ticks = [v for v in by_category.get_yticks() if low <= v <= high]
+    assert ticks and all(float(v).is_integer() for v in ticks)
+    assert all(t.get_text().isdigit() for t in by_category.get_yticklabels() if t.get_text())
+    assert all(t.get_text().endswith("%") for t in by_turn.get_yticklabels() if t.get_text())
+    # A series with no bar has no legend entry: nothing was left out here.
+    assert [t.get_text() for t in by_category.get_legend().get_texts()] == [
+        f"empty_answer: kept (policy {POLICIES['empty_answer']})"
+    ]
 
 
 def test_nothing_flagged_is_a_sentence_not_an_empty_panel(tmp_path):
@@ -103,7 +124,7 @@ def test_nothing_flagged_is_a_sentence_not_an_empty_panel(tmp_path):
     fig = draw_quality(clean, turns_frame([(c, t, "ok", 10, {}) for c, t, *_ in TURNS]), POLICIES)
     for ax in fig.axes:
         assert not ax.containers and not ax.axison
-        assert [t.get_text() for t in ax.texts] == [NOTHING_FLAGGED.format(", ".join(CODES))]
+        assert [" ".join(t.get_text().split()) for t in ax.texts] == [NOTHING_FLAGGED.format(", ".join(CODES))]
     # Only the panel with nothing to draw says so.
     fig = draw_quality(summary_frame(FLAGS, QUARANTINED), turns_frame([("code", 0, "ok", 10, {})]), POLICIES)
     assert fig.axes[0].containers and not fig.axes[0].texts

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from eagle3_datagen.figures import _pyplot, _save
+from eagle3_datagen.figures import category_axis, empty_panel, integer_ticks, legend_beside, percent_ticks, pyplot, save
 from eagle3_datagen.quality.flags import CODES, QualitySettings
 from eagle3_datagen.settings import ALL_MODES
 from eagle3_datagen.steps.summarize import series_name
@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 # Rows of the turns table that were generated (flags are read from output ids: only these have one).
 GENERATED = ("ok", "filtered")
 NOTHING_FLAGGED = "No row was flagged by the quality gate ({}): nothing to draw."
+# Turn indices up to this many get a tick each; more, whole numbers picked by the locator.
+TICK_EVERY_TURN = 12
 
 
 def _require(frame: pd.DataFrame, columns: list[str], table: str) -> None:
@@ -66,18 +68,11 @@ def flag_shares_by_turn(turns: pd.DataFrame) -> tuple[list[int], dict[str, list[
 
 
 def _nothing(ax, title: str) -> None:
-    ax.set_title(title)
-    ax.text(0.5, 0.5, NOTHING_FLAGGED.format(", ".join(CODES)), ha="center", va="center", wrap=True)
-    ax.set_axis_off()
-
-
-def _outside_legend(ax) -> None:
-    """The legend beside the axes, right of the data, never over a bar."""
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    empty_panel(ax, title, NOTHING_FLAGGED.format(", ".join(CODES)), width=80)
 
 
 def _draw_categories(ax, per_category: dict, policies: dict, colours: dict) -> None:
-    title = "Rows flagged per category (solid: kept in the dataset; hatched: left out, by a quarantine policy)"
+    title = "Rows flagged per category and code (solid: kept in the dataset; hatched: left out)"
     categories = sorted(per_category)
     codes = [c for c in CODES if any(sum(per_category[cat][c]) for cat in categories)]
     if not codes:
@@ -91,11 +86,15 @@ def _draw_categories(ax, per_category: dict, policies: dict, colours: dict) -> N
         policy = policies.get(code, "?")
         ax.bar(x, kept, width, color=colours[code], label=f"{code}: kept (policy {policy})")
         ax.bar(x, quarantined, width, bottom=kept, color=colours[code], alpha=0.45, hatch="//",
-               edgecolor="black", linewidth=0.4, label=f"{code}: left out")  # fmt: skip
-    ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
+               edgecolor="black", linewidth=0.4, label=f"{code}: left out (policy {policy})")  # fmt: skip
+    category_axis(ax, categories)
+    top = max(sum(per_category[cat][code]) for cat in categories for code in codes)
+    ax.set_ylim(0, top * 1.08)  # zero-high hatched bars would pin the axis to their base
     ax.set_ylabel("rows")
+    integer_ticks(ax.yaxis)
     ax.set_title(title)
-    _outside_legend(ax)
+    drawn = [c for c in ax.containers if any(bar.get_height() for bar in c)]  # no legend entry for no bar
+    legend_beside(ax, drawn, [c.get_label() for c in drawn])
 
 
 def _draw_turns(ax, turns: list[int], shares: dict, colours: dict) -> None:
@@ -108,16 +107,20 @@ def _draw_turns(ax, turns: list[int], shares: dict, colours: dict) -> None:
     for n, code in enumerate(codes):
         x = [t + (n - (len(codes) - 1) / 2) * width for t in turns]
         ax.bar(x, shares[code], width, color=colours[code], label=code)
-    ax.set_xticks(turns, [str(t) for t in turns])
+    if len(turns) <= TICK_EVERY_TURN:
+        ax.set_xticks(turns, [str(t) for t in turns])
+    else:
+        integer_ticks(ax.xaxis)
     ax.set_xlabel("turn index")
     ax.set_ylabel("share of the turn's generated rows")
+    percent_ticks(ax.yaxis)
     ax.set_title(title)
-    _outside_legend(ax)
+    legend_beside(ax)
 
 
 def draw_quality(summary: pd.DataFrame, turns: pd.DataFrame, policies: dict):
     """The quality figure (unsaved): flags per category, kept against quarantined, and per turn."""
-    plt = _pyplot()
+    plt = pyplot()
     per_category = flags_by_category(summary)
     turn_index, shares = flag_shares_by_turn(turns)
     colours = {code: f"C{i}" for i, code in enumerate(CODES)}
@@ -132,7 +135,7 @@ def plot_quality(*, summary: Path, turns_summary: Path, quality_png: Path, quali
     policies = QualitySettings.from_config(quality).policies
     summary_frame = pd.read_csv(summary, sep="\t")
     turns_frame = pd.read_csv(turns_summary, sep="\t")
-    _save(draw_quality(summary_frame, turns_frame, policies), quality_png)
+    save(draw_quality(summary_frame, turns_frame, policies), quality_png)
     rows, _ = _mode_rows(summary_frame)
     flagged = {code: int(rows[f"flag_{code}"].sum()) for code in CODES}
     log.info("rows flagged per code (policies %s): %s", policies, flagged)
