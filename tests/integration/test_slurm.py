@@ -6,10 +6,12 @@ tests/slurm/profile with snakemake-executor-plugin-slurm: the generate jobs are 
 sbatch, ask for a GPU and get one; the other rules run on the submitting host.
 """
 
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -181,6 +183,19 @@ def test_generate_jobs_run_as_slurm_jobs_with_a_gpu(slurm_run):
         # The job's SLURM log holds the inner Snakemake's run of this category's generate.
         assert f"results/generations/{category}/shard_0.parquet" in logs[facts["slurm_job_id"]].read_text()
     assert len(set(seen.values())) == len(CATEGORIES)
+
+    # status, from the submitting host, names each shard's SLURM job and the node it ran on.
+    said = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "status.py"), "--directory", str(wd.path), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for category in json.loads(said.stdout):
+        (shard,) = category["shards"]
+        facts = read_provenance(wd.path / "results" / "generations" / f"{category['category']}.parquet")["job"]
+        assert shard["state"] == "done" and shard["done"] == shard["planned"] > 0, category
+        assert (shard["slurm_job_id"], shard["host"]) == (seen[category["category"]], facts["host"]), category
 
 
 def test_outputs_hold_every_row(slurm_run):
