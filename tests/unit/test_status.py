@@ -1,6 +1,6 @@
 """`status` in-process: the progress file a generate job publishes, the journal's lines since, the
 lock's word (held by another process, or left by a dead one), and a run's shards and steps as the
-command shows them. (A generate job in flight, killed and finished: tests/integration/test_status.py.)"""
+command shows them. (A generate job in flight, killed and finished: tests/integration/test_status_in_flight.py.)"""
 
 import base64
 import json
