@@ -38,3 +38,4 @@ rule all:
         P["quality_png"],
         P["load_summary"],
         P["load_png"],
+        P["headline"],

@@ -121,3 +121,26 @@ rule plot_load:
         batch=get_param("batch"),
     script:
         "../scripts/plot_load.py"
+
+
+# The report's first page: report/workflow.rst puts this file above the workflow graph.
+rule headline:
+    input:
+        summary=P["summary"],
+        verdict_counts=expand(P["verdict_counts"], category=CATEGORIES),
+        generations=expand(P["generations"], category=CATEGORIES),
+        # The pilot's projection, where a pilot ran (snakemake pilot).
+        projection=lambda wildcards: [P["projection"]] if Path(P["projection"]).exists() else [],
+    output:
+        headline=report(P["headline"], caption="../report/headline.rst", category="Summary"),
+    log:
+        "logs/headline.log",
+    benchmark:
+        "benchmarks/headline.tsv"
+    localrule: True
+    conda:
+        "../envs/pipeline.yaml"
+    params:
+        categories=CATEGORIES,
+    script:
+        "../scripts/headline.py"

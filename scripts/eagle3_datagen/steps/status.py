@@ -261,7 +261,10 @@ def steps_line(steps: list[tuple[str, str]]) -> str:
             groups[-1][0].append(step)
         else:
             groups.append(([step], state))
-    return "; ".join(f"{', '.join(names)} {state}" for names, state in groups)
+    return "; ".join(
+        f"{', '.join(names)} {state.replace('waits on', 'wait on') if len(names) > 1 else state}"
+        for names, state in groups
+    )
 
 
 def as_json(views: list[CategoryView]) -> list[dict]:

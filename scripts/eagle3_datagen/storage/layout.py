@@ -50,6 +50,7 @@ PATHS = {
     # plot_load
     "load_summary": "results/load.tsv",
     "load_png": "results/plots/load.png",
+    "headline": "results/headline.html",  # headline: the report's first page
     # build_demo_model
     "demo_weights": "resources/demo_model/model.safetensors",
     "demo_tokenizer": "resources/demo_model/tokenizer_config.json",

@@ -1,0 +1,323 @@
+"""The run's headline: what it produced, as the first thing the report shows.
+
+From the summary table (rows kept and left out per reason and quality flag, prompt and output tokens,
+the share of answers cut at max_new_tokens, per category and serving mode), each category's
+parser-check counts, the generate jobs' provenance (their sending time and the GPUs each held: the
+launched server's, none for the CPU engine or an external server) and, when a pilot ran, its
+projection of the full run. Rule headline writes it as an HTML fragment that report/workflow.rst puts
+on the report's landing page; `headline_values` is the same content as data.
+"""
+
+import html
+import logging
+import math
+from pathlib import Path
+
+import orjson
+import pandas as pd
+
+from eagle3_datagen.quality.flags import CODES
+from eagle3_datagen.settings import ALL_MODES, server_gpus
+from eagle3_datagen.storage.tables import read_provenance
+
+log = logging.getLogger(__name__)
+
+TOTAL = "total"  # the summary's and the projection's category of their total rows
+LEFT_OUT = ("skipped", "failed", "filtered")
+HEADLINE_ID = "run-headline"  # the fragment's element id: the report's landing page styles by it
+
+
+def count(n: int) -> str:
+    """A count as the headline writes it: 12,345."""
+    return f"{int(n):,}"
+
+
+def percent(share: float | None) -> str:
+    """A share as the headline writes it: 3.1 % (a dash where there is none)."""
+    return "–" if share is None else f"{100 * share:.1f} %"
+
+
+def hours(h: float | None) -> str:
+    """Hours to three significant digits, without an exponent: 1,234, 12.5, 0.0341, 0.0000350."""
+    if h is None:
+        return "–"
+    if h == 0:
+        return "0"
+    rounded = float(f"{h:.3g}")  # rounded first: 99.96 is 100, not 100.0
+    if rounded >= 100:
+        return f"{h:,.0f}"
+    return f"{rounded:.{2 - math.floor(math.log10(rounded))}f}"
+
+
+def label(name: str) -> str:
+    """A code or verdict as words: reasoning_dropped_by_template -> reasoning dropped by template."""
+    return name.replace("_", " ")
+
+
+def read_table(path: str | Path) -> list[dict]:
+    """A TSV's rows as dicts (empty cells as None)."""
+    frame = pd.read_csv(path, sep="\t", keep_default_na=False, na_values=[""], dtype={"category": str, "mode": str})
+    return [{k: (None if pd.isna(v) else v) for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def job_usage(provenance: dict) -> dict:
+    """A category's generate jobs (one per shard): their hours of sending, and GPU-hours as each job's
+    sending time times the GPUs it held (a job that sent nothing held none)."""
+    job_h = gpu_h = 0.0
+    kinds = set()
+    for shard in provenance.get("shards") or [provenance]:
+        client = shard.get("client") or {}
+        engine = (shard.get("params") or {}).get("engine") or {}
+        elapsed_h = float(client.get("elapsed_s") or 0.0) / 3600
+        gpus = server_gpus(engine) if engine and client.get("requests") else 0
+        job_h += elapsed_h
+        gpu_h += elapsed_h * gpus
+        if engine:
+            kinds.add(engine["kind"])
+    return {"job_hours": job_h, "gpu_hours": gpu_h, "engines": sorted(kinds)}
+
+
+def verdict_counts(checks: dict, mode: str | None) -> dict[str, int] | None:
+    """The parser-check verdicts of a category's rows of one mode (None: all its rows), without the total;
+    None where the counts do not say."""
+    counts = checks.get("verdicts") if mode is None else (checks.get("verdicts_by_mode") or {}).get(mode)
+    if counts is None:
+        return None
+    return {k: int(v) for k, v in counts.items() if k != "total"}
+
+
+def add_counts(parts: list[dict[str, int] | None]) -> dict[str, int] | None:
+    if not parts or any(p is None for p in parts):
+        return None
+    out: dict[str, int] = {}
+    for part in parts:
+        for key, n in part.items():
+            out[key] = out.get(key, 0) + n
+    return out
+
+
+def _row_values(row: dict) -> dict:
+    """The counts of one summary row that the headline shows."""
+    filtered_by = {code: int(row.get(f"quarantined_{code}") or 0) for code in CODES}
+    return {
+        "rows": int(row["rows"]),
+        "kept": int(row["ok"]),
+        **{reason: int(row[reason]) for reason in LEFT_OUT},
+        "filtered_by": {code: n for code, n in filtered_by.items() if n},
+        "prompt_tokens": int(row["prompt_tokens"]),
+        "output_tokens": int(row["output_tokens"]),
+        "truncated_share": float(row["truncated_share"]),
+    }
+
+
+def _structure(summary: list[dict]) -> tuple[dict[str, list[str]], str, list[str]]:
+    """({category: its modes}, the overall total's mode, the modes totalled on their own) of a summary."""
+    modes: dict[str, list[str]] = {}
+    total_modes = []
+    for row in summary:
+        if row["category"] == TOTAL:
+            total_modes.append(row["mode"])
+        elif row["mode"] != ALL_MODES:
+            modes.setdefault(row["category"], []).append(row["mode"])
+    overall = total_modes[-1] if total_modes else ALL_MODES
+    return modes, overall, total_modes[:-1]
+
+
+def headline_values(
+    summary: list[dict], checks: dict[str, dict], usage: dict[str, dict], projection: list[dict] | None = None
+) -> dict:
+    """The headline as data: `rows` (a category's whole row, then its modes where it has several, then
+    the totals: overall, then per mode where the run has several), each with its counts, the verdicts
+    of its parser checks and, on whole rows, hours used and projected; and `total`, the overall row."""
+    by_key = {(r["category"], r["mode"]): r for r in summary}
+    projected = {(r["category"], r["mode"]): r for r in projection or []}
+    modes, overall, mode_totals = _structure(summary)
+    key = "gpu_hours" if (projected.get((TOTAL, overall)) or {}).get("gpu_hours") is not None else "server_hours"
+    several_modes = len({m for ms in modes.values() for m in ms} | set(mode_totals)) > 1
+    out = []
+    for category, its_modes in modes.items():
+        whole_mode = ALL_MODES if len(its_modes) > 1 else its_modes[0]
+        keys = [(whole_mode, None)] + ([(m, m) for m in its_modes] if len(its_modes) > 1 else [])
+        for mode, check_mode in keys:
+            row = {"category": category, "mode": mode, "whole": mode == whole_mode}
+            row |= _row_values(by_key[(category, mode)])
+            row["verdicts"] = verdict_counts(checks.get(category) or {}, check_mode)
+            if row["whole"]:
+                row |= _hours(usage.get(category), projected.get((category, mode)), key)
+            out.append(row)
+    total = {"category": TOTAL, "mode": overall, "whole": True} | _row_values(by_key[(TOTAL, overall)])
+    total["verdicts"] = add_counts([r["verdicts"] for r in out if r["whole"]])
+    used = [usage[c] for c in modes if c in usage]
+    total |= _hours(_sum_usage(used) if used else None, projected.get((TOTAL, overall)), key)
+    rows = [*out, total]
+    for mode in mode_totals:
+        row = {"category": TOTAL, "mode": mode, "whole": False} | _row_values(by_key[(TOTAL, mode)])
+        row["verdicts"] = add_counts(
+            [verdict_counts(checks.get(c) or {}, mode) for c, ms in modes.items() if mode in ms]
+        )
+        rows.append(row)
+    engines = sorted({e for u in used for e in u["engines"]})
+    parsers = sorted({c.get("reasoning_parser") for c in checks.values() if c.get("reasoning_parser")})
+    return {"rows": rows, "total": total, "several_modes": several_modes, "engines": engines, "parsers": parsers}
+
+
+def _sum_usage(used: list[dict]) -> dict:
+    return {
+        "job_hours": sum(u["job_hours"] for u in used),
+        "gpu_hours": sum(u["gpu_hours"] for u in used),
+        "engines": sorted({e for u in used for e in u["engines"]}),
+    }
+
+
+# The projection's hours: GPU-hours where it knows the server's GPUs, else server-hours.
+PROJECTED_UNITS = {"gpu_hours": "GPU-hours", "server_hours": "server-hours"}
+
+
+def _hours(usage: dict | None, projected: dict | None, key: str) -> dict:
+    """A whole row's hours: used (its generate jobs'), and projected (`key` of its projection row)."""
+    out = {"job_hours": None, "gpu_hours": None, "projected_hours": None, "projected_unit": None}
+    if usage is not None:
+        out["job_hours"], out["gpu_hours"] = usage["job_hours"], usage["gpu_hours"]
+    if projected is not None and projected.get(key) is not None:
+        out["projected_hours"], out["projected_unit"] = float(projected[key]), PROJECTED_UNITS[key]
+    return out
+
+
+def compute_text(total: dict, engines: list[str]) -> str:
+    """The hours the run used (and the pilot's projection of them), as the headline says it."""
+    if total["job_hours"] is None:
+        used = "<strong>no generate job's hours recorded</strong>"
+    else:
+        job = f"the generate jobs sent requests for {hours(total['job_hours'])} job-hours"
+        if total["gpu_hours"] == 0 and engines == ["local"]:
+            used = f"<strong>0 GPU-hours</strong> (CPU engine); {job}"
+        elif total["gpu_hours"] == 0 and "external" in engines:
+            used = f"<strong>GPU-hours not counted</strong> (external servers hold their own GPUs); {job}"
+        else:
+            used = f"<strong>{hours(total['gpu_hours'])} GPU-hours</strong> (sending time × GPUs each job held); {job}"
+    if total["projected_hours"] is not None:
+        used += f"; the pilot projected {hours(total['projected_hours'])} {total['projected_unit']} for the full run"
+    return used
+
+
+def verdict_mix(verdicts: dict[str, int] | None) -> str:
+    """The verdicts that occur, most first: "reasoning dropped by template 95.0 % (142), exact 5.0 % (7)"."""
+    if not verdicts or not sum(verdicts.values()):
+        return "none checked"
+    n = sum(verdicts.values())
+    ranked = sorted(((k, v) for k, v in verdicts.items() if v), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{label(k)} {percent(v / n)} ({count(v)})" for k, v in ranked)
+
+
+def filtered_by(row: dict) -> str:
+    return ", ".join(f"{label(code)} {count(n)}" for code, n in row["filtered_by"].items())
+
+
+def lead(values: dict) -> list[str]:
+    """The headline's sentences (HTML), over the whole run."""
+    t = values["total"]
+    kept_share = t["kept"] / t["rows"] if t["rows"] else None
+    flags = filtered_by(t)
+    checked = sum(t["verdicts"].values()) if t["verdicts"] else 0
+    parsers = f" ({', '.join(map(html.escape, values['parsers']))})" if values["parsers"] else ""
+    return [
+        f"<strong>{count(t['kept'])} of {count(t['rows'])} rows kept</strong> ({percent(kept_share)}); left out: "
+        + ", ".join(f"{count(t[r])} {r}" for r in LEFT_OUT)
+        + (f" (quality flags of the filtered rows: {flags})" if flags else ""),
+        f"<strong>{count(t['prompt_tokens'])} prompt tokens and {count(t['output_tokens'])} output tokens</strong>"
+        " in the kept rows",
+        compute_text(t, values["engines"]),
+        f"<strong>Parser checks</strong>{parsers} of {count(checked)} answers: {verdict_mix(t['verdicts'])}",
+        f"<strong>{percent(t['truncated_share'])} of answers cut at max_new_tokens</strong> (finish reason length)",
+    ]
+
+
+# Numbers right-aligned in columns of equal digits; a header may wrap, a number never does.
+NUMBER = "text-align:right;font-variant-numeric:tabular-nums"
+NO_WRAP = ";white-space:nowrap"
+
+
+def _cells(values: list[str], tag: str, text_columns: set[int]) -> str:
+    style = NUMBER + (NO_WRAP if tag == "td" else "")
+    return "".join(
+        f"<{tag}>{v}</{tag}>" if i in text_columns else f'<{tag} style="{style}">{v}</{tag}>'
+        for i, v in enumerate(values)
+    )
+
+
+def _table(caption: str, header: list[str], rows: list[tuple[bool, list[str]]], text_columns: set[int]) -> str:
+    """An HTML table, numbers right-aligned (but in `text_columns`); a row's first value says whether it is
+    bold (a category's whole row, the total)."""
+    body = "".join(
+        f'<tr style="font-weight:{600 if bold else 400}">{_cells(values, "td", text_columns)}</tr>'
+        for bold, values in rows
+    )
+    head = _cells(header, "th", text_columns)
+    return f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _names(row: dict, several_modes: bool) -> list[str]:
+    return [html.escape(row["category"])] + ([html.escape(row["mode"])] if several_modes else [])
+
+
+def counts_table(values: dict) -> str:
+    """Rows, tokens, truncation and hours per category (and mode), then the totals."""
+    several = values["several_modes"]
+    unit = values["total"]["projected_unit"]
+    header = ["category", *(["mode"] if several else []), "rows", "kept", *LEFT_OUT, "flags of filtered rows"]
+    header += ["prompt tokens", "output tokens", "truncated", "job-hours", "GPU-hours"]
+    header += [f"projected {unit}"] if unit else []
+    rows = []
+    for r in values["rows"]:
+        cells = _names(r, several) + [count(r[k]) for k in ("rows", "kept", *LEFT_OUT)] + [filtered_by(r)]
+        cells += [count(r["prompt_tokens"]), count(r["output_tokens"]), percent(r["truncated_share"])]
+        cells += [hours(r.get("job_hours")), hours(r.get("gpu_hours"))] if r["whole"] else ["", ""]
+        cells += [hours(r.get("projected_hours")) if r["whole"] else ""] if unit else []
+        rows.append((r["whole"], cells))
+    names = len(_names(values["total"], several))
+    return _table("Rows, tokens and hours", header, rows, {*range(names), header.index("flags of filtered rows")})
+
+
+def checks_table(values: dict) -> str:
+    """The parser checks' verdicts per category (and mode): the share and number of each that occurs."""
+    several = values["several_modes"]
+    seen = sorted({k for r in values["rows"] for k, v in (r["verdicts"] or {}).items() if v})
+    header = ["category", *(["mode"] if several else []), "checked", *map(label, seen)]
+    rows = []
+    for r in values["rows"]:
+        v = r["verdicts"] or {}
+        n = sum(v.values())
+        cells = _names(r, several) + [count(n) if r["verdicts"] is not None else "–"]
+        cells += [f"{percent(v[k] / n)} ({count(v[k])})" if v.get(k) else "" for k in seen]
+        rows.append((r["whole"], cells))
+    return _table("Parser-check verdicts", header, rows, set(range(len(_names(values["total"], several)))))
+
+
+def render(values: dict) -> str:
+    """The headline as an HTML fragment: its sentences, then the tables per category."""
+    items = "".join(f"<li>{line}</li>" for line in lead(values))
+    return (
+        f'<section id="{HEADLINE_ID}"><h2>What this run produced</h2><ul>{items}</ul>'
+        f"{counts_table(values)}{checks_table(values)}</section>\n"
+    )
+
+
+def headline(
+    *,
+    categories: list[str],
+    summary: Path,
+    verdict_counts: list[Path],
+    generations: list[Path],
+    headline: Path,
+    projection: list[Path] | None = None,
+) -> dict:
+    """Write the run's headline (HTML) from its summary, parser checks, generate jobs and pilot projection."""
+    checks = {c: orjson.loads(Path(p).read_bytes()) for c, p in zip(categories, verdict_counts)}
+    usage = {c: job_usage(read_provenance(p)) for c, p in zip(categories, generations)}
+    found = [Path(p) for p in projection or [] if Path(p).exists()]
+    values = headline_values(read_table(summary), checks, usage, read_table(found[0]) if found else None)
+    headline.parent.mkdir(parents=True, exist_ok=True)
+    headline.write_text(render(values), encoding="utf-8")
+    for line in lead(values):
+        log.info("%s", line.replace("<strong>", "").replace("</strong>", ""))
+    return values
