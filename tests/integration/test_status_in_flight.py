@@ -79,11 +79,13 @@ def test_status_follows_a_job_in_flight_its_kill_and_the_rerun(tmp_path, qwen3_t
     assert steps["merge_shards"] == "waits on generate (0 of 1 shards done)"
     line = next(line for line in text.splitlines() if line.startswith("watch"))
     assert "sending" in line and f"{running['host']} pid {running['pid']}" in line
+    assert "Snakemake runs here (pid" in text.splitlines()[0]
 
     killed, _ = shard(wd)
     assert killed["state"] == "killed"
     assert killed["done"] == journal_rows(journal)  # the rows journalled after the last publish too
-    assert "rerun to resume" in status(wd)
+    after_kill = status(wd)
+    assert "rerun to resume" in after_kill and "Snakemake's lock is left by a run that is gone" in after_kill
 
     wd.snakemake("--unlock")
     wd.snakemake("--cores", "1", "--rerun-incomplete", target)

@@ -23,6 +23,7 @@ from eagle3_datagen.steps.generate import generate
 from eagle3_datagen.storage.layout import journal_path
 from eagle3_datagen.storage.tables import read_rows
 from engine_thread import running_engine
+from polling import wait_until
 
 SCRIPTS = str(Path(__file__).resolve().parents[2] / "scripts")
 PLAN = {"to_send": 8, "reused": 2, "reused_output_tokens": 30, "skipped": 1, "later_turns": 2}
@@ -273,3 +274,20 @@ def test_a_job_stopped_by_a_signal_says_so(tmp_path):
     progress.finish(SystemExit(143))
     shard = view(journal, json.loads(progress_path(journal).read_text()))
     assert shard.state == "failed" and "stopped by a signal" in shard.error and "143" in shard.error
+
+
+def test_the_header_tells_a_running_snakemake_from_a_lock_left_by_a_killed_one(tmp_path):
+    root = tmp_path / "run"
+    write_run(root, {"alpha": 1})
+    assert status.Markers(root).says() == "no Snakemake runs here"
+    touch(root / ".snakemake/locks/0.input.lock")
+    # A process named snakemake working in the run's directory, as `snakemake --directory` is.
+    proc = subprocess.Popen(["bash", "-c", "exec -a snakemake sleep 600"], cwd=root)
+    try:
+        wait_until(lambda: status.Markers(root).snakemake_pids, "the process is named snakemake", timeout_s=60)
+        assert status.Markers(root).snakemake_pids == [proc.pid]
+        assert status.Markers(root).says() == f"Snakemake runs here (pid {proc.pid})"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert status.Markers(root).says().startswith("Snakemake's lock is left by a run that is gone")

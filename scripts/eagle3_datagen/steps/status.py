@@ -21,6 +21,7 @@ import argparse
 import base64
 import csv
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -80,7 +81,17 @@ class Markers:
 
     def __init__(self, root: Path):
         self.dir = root / ".snakemake" / "incomplete"
-        self.snakemake_running = any((root / ".snakemake" / "locks").glob("*"))
+        self.locked = any((root / ".snakemake" / "locks").glob("*"))
+        self.snakemake_pids = snakemake_pids(root) if self.locked else []
+        self.snakemake_running = bool(self.snakemake_pids)
+
+    def says(self) -> str:
+        """Whether a Snakemake runs here, as the header says it."""
+        if self.snakemake_pids:
+            return f"Snakemake runs here (pid {', '.join(map(str, self.snakemake_pids))})"
+        if self.locked:
+            return "Snakemake's lock is left by a run that is gone: `snakemake --unlock`, then rerun"
+        return "no Snakemake runs here"
 
     def job(self, output: str) -> dict | None:
         key = base64.urlsafe_b64encode(output.encode()).decode()
@@ -88,6 +99,22 @@ class Markers:
             return json.loads((self.dir / key).read_text() or "{}")
         except (OSError, ValueError):
             return None
+
+
+def snakemake_pids(root: Path) -> list[int]:
+    """Snakemake processes of this host working in `root` (Snakemake runs on the submitting host, where
+    `status` is meant to run); a lock without one is a killed run's."""
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if Path(os.readlink(proc / "cwd")) != root:
+                continue
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(Path(arg.decode(errors="replace")).name == "snakemake" for arg in argv[:3]):
+            pids.append(int(proc.name))
+    return sorted(pids)
 
 
 def _mtime(path: Path) -> float | None:
@@ -198,7 +225,7 @@ def _where(s: ShardView, now: float) -> str:
     if s.state == "failed":
         return f"{job}, failed {ago} ago: {s.error}"
     if s.state == "killed":
-        return f"{job}, died {ago} ago (last word): rerun to resume"
+        return f"{job}, gone, last heard {ago} ago: rerun to resume"
     if s.state == "done":
         return f"{job}, ended {ago} ago"
     return job + (f", last word {ago} ago" if now - s.updated > 120 else "")
@@ -242,7 +269,7 @@ def render(views: list[CategoryView], root: Path, now: float) -> str:
     rows = table(views, now)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     left = {0, 1, 2}
-    snakemake = "a Snakemake runs here" if Markers(root).snakemake_running else "no Snakemake runs here"
+    snakemake = Markers(root).says()
     lines = [f"{root} at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}: {snakemake}", ""]
     for r in rows:
         cells = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
@@ -292,7 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         text = json.dumps(as_json(views), indent=1) if args.json else render(views, root, now)
         if args.watch:
             sys.stdout.write("\x1b[H\x1b[2J")
-        print(text, flush=True)
+        try:
+            print(text, flush=True)
+        except BrokenPipeError:  # `status | head`
+            return 0
         if not args.watch:
             return 0
         try:
