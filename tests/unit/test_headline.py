@@ -145,7 +145,7 @@ def test_every_category_and_mode_gets_its_rows_by_reason_its_tokens_and_its_chec
 def test_gpu_hours_are_each_jobs_sending_time_times_the_gpus_it_held():
     # Three shards of one category: two sent on a 4-GPU server; one had nothing left to send (no server).
     usage = job_usage({"shards": [sglang_shard(1800, 10, 4), sglang_shard(3600, 5, 4), sglang_shard(5, 0, 4)]})
-    assert usage["job_hours"] == pytest.approx((1800 + 3600 + 5) / 3600)
+    assert usage["job_hours"] == pytest.approx((1800 + 3600) / 3600)
     assert usage["gpu_hours"] == pytest.approx((1800 + 3600) * 4 / 3600)
     total = {"job_hours": usage["job_hours"], "gpu_hours": usage["gpu_hours"], "projected_hours": None}
     assert f"{hours(usage['gpu_hours'])} GPU-hours" in compute_text(total, usage["engines"])
@@ -156,6 +156,14 @@ def test_gpu_hours_are_each_jobs_sending_time_times_the_gpus_it_held():
     external = job_usage({"client": {"elapsed_s": 60, "requests": 2}, "params": {"engine": {"kind": "external"}}})
     assert external["gpu_hours"] == 0
     assert "not counted" in compute_text(dict(external, projected_hours=None), external["engines"])
+
+
+def test_gpu_hours_count_a_jobs_whole_time_with_its_server_where_it_is_recorded():
+    # The server took 20 minutes to start and 5 to stop around an hour of sending.
+    shard = sglang_shard(3600, 10, 8) | {"job": {"wall_s": 3600 + 1500}}
+    usage = job_usage({"shards": [shard, sglang_shard(60, 0, 8) | {"job": {"wall_s": 30}}]})
+    assert usage["job_hours"] == pytest.approx(5100 / 3600)
+    assert usage["gpu_hours"] == pytest.approx(5100 * 8 / 3600)
 
 
 def test_a_pilots_projection_is_shown_beside_the_hours_used(summary):

@@ -21,7 +21,7 @@ from eagle3_datagen.settings import defaults
 from eagle3_datagen.steps import status
 from eagle3_datagen.steps.generate import generate
 from eagle3_datagen.storage.layout import journal_path
-from eagle3_datagen.storage.tables import read_rows
+from eagle3_datagen.storage.tables import read_provenance, read_rows
 from engine_thread import running_engine
 from polling import wait_until
 
@@ -230,6 +230,9 @@ def generate_once(prompts, model, tmp_path):
 def test_a_generate_job_publishes_its_progress_and_status_reads_the_finished_shard(make_prompts, tmp_path):
     prompts, model = make_prompts(conversations(10) + [{"id": "bad", "messages": "x"}])
     rows = generate_once(prompts, model, tmp_path)
+    # The job's whole time with its server (what it holds GPUs for) is recorded beside its sending time.
+    job = read_provenance(tmp_path / "gens.parquet")
+    assert job["job"]["wall_s"] >= job["client"]["elapsed_s"] > 0
     journal = journal_path(tmp_path / "cache", "cat", 0, 1)
     facts = json.loads(progress_path(journal).read_text())
     ok = [r for r in rows if r["status"] == "ok"]

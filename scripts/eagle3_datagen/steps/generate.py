@@ -13,6 +13,7 @@ Imports `generation`, `storage`, `settings` and the step `plan_generation`.
 
 import itertools
 import logging
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -318,6 +319,7 @@ def generate(
         "shards": shards,
         "quality": quality,
     }
+    started = time.monotonic()
     facts = read_provenance(prompts)
     label = category if shards == 1 else f"{category}[{shard}/{shards}]"
 
@@ -349,6 +351,8 @@ def generate(
         provenance.update(
             {"prompts": facts, "params": params, "config_sha256": stable_hash(params), "shard": shard, "shards": shards}
         )
+        # The job's time with its server (started, sending, stopped): what it held its GPUs for.
+        provenance["job"]["wall_s"] = round(time.monotonic() - started, 3)
         writer.close(provenance)
     log.info("%s: wrote %d rows to %s", label, writer.rows, shard_generations)
 

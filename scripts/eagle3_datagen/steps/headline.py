@@ -2,7 +2,7 @@
 
 From the summary table (rows kept and left out per reason and quality flag, prompt and output tokens,
 the share of answers cut at max_new_tokens, per category and serving mode), each category's
-parser-check counts, the generate jobs' provenance (their sending time and the GPUs each held: the
+parser-check counts, the generate jobs' provenance (their time with their server and the GPUs each held: the
 launched server's, none for the CPU engine or an external server) and, when a pilot ran, its
 projection of the full run. Rule headline writes it as an HTML fragment that report/workflow.rst puts
 on the report's landing page; `headline_values` is the same content as data.
@@ -61,19 +61,23 @@ def read_table(path: str | Path) -> list[dict]:
 
 
 def job_usage(provenance: dict) -> dict:
-    """A category's generate jobs (one per shard): their hours of sending, and GPU-hours as each job's
-    sending time times the GPUs it held (a job that sent nothing held none)."""
+    """A category's generate jobs (one per shard) that sent requests: their hours, and GPU-hours as each
+    job's hours times the GPUs it held (a job that sent nothing started no server). A job's hours are its whole time with its
+    server, start-up and shutdown included (`job.wall_s`), or its sending time where a table made
+    before that was recorded says only that."""
     job_h = gpu_h = 0.0
     kinds = set()
     for shard in provenance.get("shards") or [provenance]:
         client = shard.get("client") or {}
         engine = (shard.get("params") or {}).get("engine") or {}
-        elapsed_h = float(client.get("elapsed_s") or 0.0) / 3600
-        gpus = server_gpus(engine) if engine and client.get("requests") else 0
-        job_h += elapsed_h
-        gpu_h += elapsed_h * gpus
         if engine:
             kinds.add(engine["kind"])
+        if not client.get("requests"):
+            continue  # nothing sent: no server was started (rule generate_cached), no GPU held
+        wall_s = (shard.get("job") or {}).get("wall_s")
+        elapsed_h = float(wall_s if wall_s is not None else client.get("elapsed_s") or 0.0) / 3600
+        job_h += elapsed_h
+        gpu_h += elapsed_h * (server_gpus(engine) if engine else 0)
     return {"job_hours": job_h, "gpu_hours": gpu_h, "engines": sorted(kinds)}
 
 
@@ -188,13 +192,13 @@ def compute_text(total: dict, engines: list[str]) -> str:
     if total["job_hours"] is None:
         used = "<strong>no generate job's hours recorded</strong>"
     else:
-        job = f"the generate jobs sent requests for {hours(total['job_hours'])} job-hours"
+        job = f"the generate jobs that sent requests ran {hours(total['job_hours'])} job-hours"
         if total["gpu_hours"] == 0 and engines == ["local"]:
             used = f"<strong>0 GPU-hours</strong> (CPU engine); {job}"
         elif total["gpu_hours"] == 0 and "external" in engines:
             used = f"<strong>GPU-hours not counted</strong> (external servers hold their own GPUs); {job}"
         else:
-            used = f"<strong>{hours(total['gpu_hours'])} GPU-hours</strong> (sending time × GPUs each job held); {job}"
+            used = f"<strong>{hours(total['gpu_hours'])} GPU-hours</strong> (each job's time with its server × the GPUs it held); {job}"
     if total["projected_hours"] is not None:
         used += f"; the pilot projected {hours(total['projected_hours'])} {total['projected_unit']} for the full run"
     return used
