@@ -43,6 +43,12 @@ RATE_WINDOW_S = 300.0
 RUNNING = ("starting", "sending")
 
 
+def planned_rows(plan: dict) -> int:
+    """The rows a shard's plan will have journalled: reused, to send, and the later turns those make
+    (at most: a conversation may end early). Skipped prompts are not rows to generate."""
+    return plan["reused"] + plan["to_send"] + plan["later_turns"]
+
+
 def progress_path(journal: str | Path) -> Path:
     journal = Path(journal)
     return journal.with_name(journal.name + SUFFIX)
@@ -77,7 +83,7 @@ class ShardProgress:
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "started": now,
             "updated": now,
-            "planned": plan["reused"] + plan["to_send"] + plan["later_turns"],
+            "planned": planned_rows(plan),
             "reused": plan["reused"],
             "reused_output_tokens": plan.get("reused_output_tokens", 0),
             "skipped": plan["skipped"],

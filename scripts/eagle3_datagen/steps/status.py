@@ -29,9 +29,10 @@ from pathlib import Path
 
 import yaml
 
-from eagle3_datagen.generation.progress import ShardView, progress_path, read_progress, view
+from eagle3_datagen.generation.progress import ShardView, planned_rows, progress_path, read_progress, view
 from eagle3_datagen.storage.layout import journal_path
 from eagle3_datagen.storage.layout import path as layout_path
+from eagle3_datagen.storage.progress import duration
 
 # A shard's output table: made by its generate job, or from the journal alone (generate_cached).
 OUTPUTS = ("shard_generations", "cached_shard_generations")
@@ -149,7 +150,7 @@ def shard_view(root: Path, cache_dir: Path, category: str, shard: int, shards: i
     plan = json.loads(plan_file.read_text())
     found = ShardView(
         state="queued",
-        planned=plan["reused"] + plan["to_send"] + plan["later_turns"],
+        planned=planned_rows(plan),
         done=plan["reused"],
         output_tokens=plan.get("reused_output_tokens"),
     )
@@ -198,30 +199,24 @@ def run_status(root: Path, config: dict, now: float | None = None) -> list[Categ
     return views
 
 
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+def _duration(seconds: float | None) -> str:
+    return "-" if seconds is None else duration(seconds, tenths=False)
 
 
 def _number(value) -> str:
     return "-" if value is None else f"{value:,}"
 
 
-def _rate(value: float | None, unit: str) -> str:
-    return "-" if value is None else f"{value:,.2f} {unit}" if value < 10 else f"{value:,.0f} {unit}"
+def _rate(value: float | None) -> str:
+    """Rows or tokens per second: two decimals below 10 (a GPU job may finish a row every 20 s)."""
+    return "-" if value is None else f"{value:,.2f}" if value < 10 else f"{value:,.0f}"
 
 
 def _where(s: ShardView, now: float) -> str:
     if s.host is None:
         return s.error or ""
     job = f"SLURM {s.slurm_job_id} on {s.host}" if s.slurm_job_id else f"{s.host} pid {s.pid}"
-    ago = duration(now - s.updated) if s.updated else "-"
+    ago = _duration(now - s.updated) if s.updated else "-"
     if s.state == "failed":
         return f"{job}, failed {ago} ago: {s.error}"
     if s.state == "killed":
@@ -241,7 +236,7 @@ def table(views: list[CategoryView], now: float) -> list[list[str]]:
             share = f"{100 * s.done / s.planned:.1f}" if s.planned else "-"
             rows.append(
                 [category.name, f"{n}/{len(category.shards)}", s.state, _number(s.done), _number(s.planned), share]
-                + [_number(s.output_tokens), _rate(s.requests_per_s, ""), _rate(s.tokens_per_s, ""), duration(s.eta_s)]
+                + [_number(s.output_tokens), _rate(s.requests_per_s), _rate(s.tokens_per_s), _duration(s.eta_s)]
                 + [_number(s.failed), _number(s.retries), _number(s.limit), _where(s, now)]
             )
             total.planned += s.planned
@@ -259,7 +254,7 @@ def table(views: list[CategoryView], now: float) -> list[list[str]]:
     share = f"{100 * total.done / total.planned:.1f}" if total.planned else "-"
     rows.append(
         ["total", "", "", _number(total.done), _number(total.planned), share, _number(total.output_tokens)]
-        + [_rate(rates[0] or None, ""), _rate(rates[1] or None, ""), duration(eta), _number(total.failed)]
+        + [_rate(rates[0] or None), _rate(rates[1] or None), _duration(eta), _number(total.failed)]
         + [_number(total.retries), "", ""]
     )
     return rows
