@@ -17,15 +17,13 @@ from conftest import conversations
 from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 from eagle3_datagen.generation.locks import ShardLock
 from eagle3_datagen.generation.requests import parse_rid
-from eagle3_datagen.settings import defaults
 from eagle3_datagen.steps.export_dataset import JsonlWriter, merge_datasets
-from eagle3_datagen.steps.generate import generate
 from eagle3_datagen.steps.plan_generation import journal_path
 from eagle3_datagen.storage.disk import DiskFull
 from eagle3_datagen.storage.tables import IDS, Batching, TableWriter, read_rows
 from engine_thread import running_engine
+from generate_step import external, generate_shard
 
-SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
 CONCURRENCY = 4
 CLIENT = {"concurrency": CONCURRENCY, "max_retries": 0, "progress_interval_s": 0.5}
 BUDGET = {"max_new_tokens": 1024, "min_new_tokens": 4, "reserve_tokens": 2}
@@ -89,23 +87,7 @@ def sent(record):
 
 
 def run_generate(prompts, model, url, tmp_path, cache_dir):
-    out = tmp_path / "results" / "generations" / "cat" / "shard_0.parquet"
-    generate(
-        prompts=prompts,
-        shard_generations=out,
-        server_log=tmp_path / "server.log",
-        category="cat",
-        shard=0,
-        model=model,
-        sampling=SAMPLING,
-        engine=defaults("engine", kind="external", external={"urls": [url]}),
-        budget=BUDGET,
-        client=CLIENT,
-        max_failed_share=0.0,
-        cache_dir=str(cache_dir),
-        shards=1,
-    )
-    return out
+    return generate_shard(prompts, model, external(url), tmp_path, client=CLIENT, budget=BUDGET, cache_dir=cache_dir)
 
 
 @pytest.mark.slow

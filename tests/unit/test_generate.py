@@ -11,12 +11,12 @@ from eagle3_datagen.engine.server.faults import Faults
 from eagle3_datagen.generation.assemble import assemble
 from eagle3_datagen.settings import ModelProfile, defaults
 from eagle3_datagen.steps.export_dataset import Filters, split_rows
-from eagle3_datagen.steps.generate import TooManyFailures, generate, merge_shards
+from eagle3_datagen.steps.generate import TooManyFailures, merge_shards
 from eagle3_datagen.steps.plan_generation import make_builder, make_plan, shard_of
 from eagle3_datagen.storage.tables import read_provenance, read_rows
 from engine_thread import running_engine
+from generate_step import SAMPLING, generate_shard
 
-SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
 CLIENT = {
     "concurrency": 4,
     "max_retries": 2,
@@ -48,21 +48,18 @@ def engine(qwen3_tokenizer_dir, tmp_path):
 
 
 def run_generate(prompts, model, engine_config, tmp_path, *, shard=0, shards=1, max_failed_share=0.0, out=None):
-    out = out or tmp_path / "results" / "generations" / "cat" / f"shard_{shard}.parquet"
-    generate(
-        prompts=prompts,
-        shard_generations=out,
-        server_log=tmp_path / "server.log",
-        category="cat",
-        shard=shard,
-        model=model,
-        sampling=SAMPLING,
-        engine=engine_config,
-        budget={"max_new_tokens": 32, "min_new_tokens": 4, "reserve_tokens": 2},
+    budget = {"max_new_tokens": 32, "min_new_tokens": 4, "reserve_tokens": 2}
+    out = generate_shard(
+        prompts,
+        model,
+        engine_config,
+        tmp_path,
         client=CLIENT,
-        max_failed_share=max_failed_share,
-        cache_dir=str(tmp_path / "cache"),
+        budget=budget,
+        out=out,
+        shard=shard,
         shards=shards,
+        max_failed_share=max_failed_share,
     )
     return read_rows(out)
 

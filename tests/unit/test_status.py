@@ -17,12 +17,11 @@ from conftest import conversations
 from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 from eagle3_datagen.generation.locks import ShardLock
 from eagle3_datagen.generation.progress import ShardProgress, lock_held, progress_path, recent_rate, tail, view
-from eagle3_datagen.settings import defaults
 from eagle3_datagen.steps import status
-from eagle3_datagen.steps.generate import generate
 from eagle3_datagen.storage.layout import journal_path
 from eagle3_datagen.storage.tables import read_provenance, read_rows
 from engine_thread import running_engine
+from generate_step import external, generate_shard
 from polling import wait_until
 
 SCRIPTS = str(Path(__file__).resolve().parents[2] / "scripts")
@@ -209,22 +208,16 @@ def test_a_run_shows_each_shard_and_what_waits(tmp_path, held_lock):
 
 def generate_once(prompts, model, tmp_path):
     with running_engine(ScriptedBackend(str(model["tokenizer"]))) as url:
-        generate(
-            prompts=prompts,
-            shard_generations=tmp_path / "gens.parquet",
-            server_log=tmp_path / "server.log",
-            category="cat",
-            shard=0,
-            model=model,
-            sampling={"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0},
-            engine=defaults("engine", kind="external", external={"urls": [url]}),
-            budget={"max_new_tokens": 32, "min_new_tokens": 4, "reserve_tokens": 2},
+        out = generate_shard(
+            prompts,
+            model,
+            external(url),
+            tmp_path,
             client={"concurrency": 4, "progress_interval_s": 0.2},
-            max_failed_share=0.0,
-            cache_dir=str(tmp_path / "cache"),
-            shards=1,
+            budget={"max_new_tokens": 32, "min_new_tokens": 4, "reserve_tokens": 2},
+            out=tmp_path / "gens.parquet",
         )
-    return read_rows(tmp_path / "gens.parquet")
+    return read_rows(out)
 
 
 def test_a_generate_job_publishes_its_progress_and_status_reads_the_finished_shard(make_prompts, tmp_path):
