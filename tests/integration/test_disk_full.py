@@ -110,8 +110,12 @@ def test_a_full_journal_disk_stops_the_job_and_the_rerun_sends_only_what_was_los
         journalled = {(e["id"], e["sample_index"]) for e in whole_lines(journal)}
         first = sent(record)
         assert 0 < len(journalled) < n and journalled <= set(first)
-        lost = len(first) - len(journalled)  # the entry that did not fit, and those in flight
-        assert len(set(first)) == len(first) and 1 <= lost <= CONCURRENCY + 1
+        # Lost: the entry that did not fit, the requests in flight (at most CONCURRENCY) and those the
+        # server had answered whose lines were not yet written (an answered request gives its slot back
+        # before its answer is read and journalled, so under load a few more: at most one per slot).
+        # The job stopped there: it did not send the rest of the shard.
+        lost = len(first) - len(journalled)
+        assert len(set(first)) == len(first) and 1 <= lost <= 2 * CONCURRENCY < n - len(journalled)
 
         resize(cache, 4096)
         run_generate(prompts, model, url, tmp_path, cache)
