@@ -3,7 +3,11 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The embedded demo is the config only of a run that names none: a user's --configfile stands alone,
+# with the schema's defaults under it (Snakemake would otherwise merge it over this file).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 report: "report/workflow.rst"

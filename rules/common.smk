@@ -1,15 +1,14 @@
 import sys
 from pathlib import Path
 
-from snakemake.utils import validate
-
 sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
 
 from eagle3_datagen import workflow as wf
 from eagle3_datagen.storage.layout import PATHS as P
 
-validate(config, "../schemas/config.schema.yaml")
-wf.check_engine(config["engine"])
+# The config (with the schema's defaults filled in), the engine and the category sheet, checked
+# before any job: a problem is named by its key, or by the sheet's line and field.
+sheet = wf.configure(config, workflow.basedir, workflow.overwrite_configfiles or ["config/config.yaml"])
 
 
 # On the submitting host of a SLURM run, before any job: fail now, not after a silent wait, when the
@@ -18,14 +17,6 @@ onstart:
     if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm" and not workflow.dryrun:
         wf.check_slurm_status(workflow.executor_settings)
 
-
-sheet = wf.load_sheet(config["categories"])
-wf.validate_sheet(
-    sheet,
-    Path(workflow.basedir) / "schemas" / "categories.schema.yaml",
-    config["categories"],
-    wf.mode_names(config),
-)
 
 CATEGORIES = list(sheet["category"])
 

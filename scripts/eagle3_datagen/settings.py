@@ -43,6 +43,50 @@ def fill_defaults(instance: dict, node: dict) -> dict:
     return instance
 
 
+# Keys that were renamed: a config or sheet that still uses the old name is told the new one.
+RENAMED_KEYS = {"modes": "mode_mix"}
+
+
+def validate_config(config: dict, source: str = "config") -> dict:
+    """The config with the schema's defaults filled in (in place), or a ValueError listing every
+    problem by its key, naming a required key that has no default with what it is for."""
+    import jsonschema
+
+    problems = [
+        f"{source}: key {old!r} is now called {new!r}" for old, new in RENAMED_KEYS.items() if old in (config or {})
+    ]
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: the config must be a mapping of keys, not {type(config).__name__}")
+    _open_required(config, schema())
+    fill_defaults(config, schema())
+    for error in sorted(jsonschema.Draft202012Validator(schema()).iter_errors(config), key=lambda e: list(e.path)):
+        where = ".".join(str(p) for p in error.path)
+        if error.validator == "required":
+            key = error.message.split("'")[1]
+            where = f"{where}.{key}" if where else key
+            described = error.schema.get("properties", {}).get(key, {}).get("description", "")
+            problems.append(f"{source}: {where} has no default and must be set: {described}".rstrip(": "))
+        else:
+            problems.append(f"{source}: {where or 'config'}: {error.message}")
+    if problems:
+        raise ValueError("invalid config:\n  " + "\n  ".join(dict.fromkeys(problems)))
+    local = config["engine"]["local"]
+    if local["model_dir"] is None:  # the schema's null: a model folder holds the tokenizer and the weights
+        local["model_dir"] = config["model"]["tokenizer"]
+    return config
+
+
+def _open_required(instance: dict, node: dict) -> None:
+    """Add each missing required object of `node` as {}, so that validation names the keys it needs
+    (model.tokenizer, ...) rather than only the object."""
+    for key in node.get("required", []):
+        sub = node.get("properties", {}).get(key, {})
+        if sub.get("type") == "object" and key not in instance:
+            instance[key] = {}
+        if isinstance(instance.get(key), dict):
+            _open_required(instance[key], sub)
+
+
 def defaults(*path: str, **given: Any) -> dict:
     """The object at `path` of the config (e.g. "client"), with `given` values and the schema's defaults."""
     return fill_defaults(dict(given), _node(path))
@@ -189,19 +233,73 @@ class ClientSettings:
         return self.request_timeout_floor_s + self.request_timeout_per_token_s * max_new_tokens
 
 
-def sampling_for(config: dict, category: dict) -> dict:
-    """The effective sampling values of one category, per serving mode ({mode: values}): the config's
-    sampling block, then the mode's overrides (model.modes), then the category's own cells."""
+# Where a row's sampling values come from, first found wins; written once, for the README and for
+# every error a conflicting config gets.
+SAMPLING_PRECEDENCE = (
+    "the category sheet's cell for the row's mode, then model.modes.<mode>.sampling, then the config's "
+    "sampling block, then the schema's default (temperature has none)"
+)
+# The sampling keys a category's row of the sheet may set.
+SHEET_SAMPLING_KEYS = ("temperature", "top_p")
+
+
+def sheet_sampling(category: dict, modes: tuple[str, ...], every_mode: tuple[str, ...]) -> dict[str, dict]:
+    """{mode: {key: value}} of a category's sampling cells, for the modes of its mix (`modes`; the
+    profile's are `every_mode`). A plain number is the category's where its mix has one mode; where it
+    has several, the cell names a value per mode (thinking:1.0,instant:0.6), so that one mode is never
+    silently sampled at the other's value."""
+    per_mode: dict[str, dict] = {mode: {} for mode in every_mode}
+    for key in SHEET_SAMPLING_KEYS:
+        value = category.get(key)
+        if value is None or value != value or value == "":  # NaN marks an empty TSV cell
+            continue
+        text = str(value).strip()
+        if ":" not in text:
+            if len(modes) > 1:
+                raise ValueError(
+                    f"field '{key}': the category mixes modes {', '.join(modes)}, and one {key} ({text}) would "
+                    f"sample them all alike: give one per mode ({','.join(f'{m}:{text}' for m in modes)}). "
+                    f"A row's sampling comes from {SAMPLING_PRECEDENCE}"
+                )
+            pairs = [(mode, text) for mode in every_mode]
+        else:
+            pairs = [part.strip().partition(":")[::2] for part in text.split(",")]
+        for mode, number in pairs:
+            mode = mode.strip()
+            if ":" in text and mode not in modes:
+                raise ValueError(
+                    f"field '{key}': {text!r} names mode {mode!r}, which the category does not use "
+                    f"(its modes: {', '.join(modes)})"
+                )
+            try:
+                per_mode[mode][key] = float(number)
+            except ValueError:
+                raise ValueError(f"field '{key}': the value for {mode!r} is not a number: {number.strip()!r}") from None
+            if not (0 <= per_mode[mode][key] and (key != "top_p" or 0 < per_mode[mode][key] <= 1)):
+                raise ValueError(f"field '{key}': {number.strip()} for {mode!r} is out of range")
+    return per_mode
+
+
+def sampling_for(config: dict, category: dict, modes: tuple[str, ...] | None = None) -> dict:
+    """The effective sampling values of one category, per serving mode ({mode: values}), each value
+    from the first place that gives it (SAMPLING_PRECEDENCE). `modes`: the modes the category's mix
+    uses (default: every mode of the profile), for its sheet cells. A mode without a temperature is refused."""
     profile = ModelProfile.from_config(config["model"])
+    modes = tuple(modes or profile.mode_names)
+    base = defaults("sampling", **(config.get("sampling") or {}))
+    cells = sheet_sampling(category, modes, profile.mode_names)
     per_mode = {}
     for mode in profile.mode_names:
-        sampling = {key: config["sampling"][key] for key in SAMPLING_KEYS}
+        sampling = {key: base[key] for key in SAMPLING_KEYS if key in base}
         sampling.update(profile.mode_sampling(mode))
-        for key in ("temperature", "top_p"):
-            value = category.get(key)
-            if value is not None and value == value:  # NaN marks an empty TSV cell
-                sampling[key] = float(value)
-        per_mode[mode] = sampling
+        sampling.update(cells.get(mode, {}))
+        if "temperature" not in sampling:
+            where = f"model.modes.{mode}.sampling.temperature, " if profile.modes else ""
+            raise ValueError(
+                f"no temperature for mode {mode!r}: set sampling.temperature, {where}or the category's temperature "
+                f"cell (it has no default: model cards differ). A row's sampling comes from {SAMPLING_PRECEDENCE}"
+            )
+        per_mode[mode] = {key: sampling[key] for key in SAMPLING_KEYS}
     return per_mode
 
 

@@ -23,17 +23,33 @@ def load_sheet(path: str | Path):
     return sheet
 
 
-def validate_sheet(sheet, schema_path: str | Path, sheet_path: str | Path, modes: tuple[str, ...] = ()) -> None:
+def configure(config: dict, basedir: str | Path, configfiles=("config",)):
+    """Everything a run checks before any job, in one place (rules/common.smk; tests): the config
+    validated with the schema's defaults filled in, the engine, then the category sheet, each
+    category's mode mix and sampling. Returns the sheet. `configfiles` name the config in errors."""
+    from eagle3_datagen.settings import validate_config
+
+    validate_config(config, " + ".join(map(str, configfiles)))
+    check_engine(config["engine"])
+    sheet = load_sheet(config["categories"])
+    validate_sheet(sheet, Path(basedir) / "schemas" / "categories.schema.yaml", config["categories"], config)
+    return sheet
+
+
+def validate_sheet(sheet, schema_path: str | Path, sheet_path: str | Path, config: dict | None = None) -> None:
     """Check every row of the category sheet; an error names the sheet's file, line and field.
-    `modes`: the model's serving modes, which a row's `modes` mix must name."""
+    With the (validated) `config`, each row's mode mix must name the model's modes and its sampling
+    must resolve (`settings.sampling_for`)."""
     import jsonschema
 
-    from eagle3_datagen.settings import ModeMix
+    from eagle3_datagen.settings import RENAMED_KEYS, sampling_for
 
     with open(schema_path) as fh:
         schema = yaml.safe_load(fh)
     validator = jsonschema.Draft202012Validator(schema)
-    problems = []
+    problems = [
+        f"{sheet_path}: column {old!r} is now called {new!r}" for old, new in RENAMED_KEYS.items() if old in sheet
+    ]
     if "category" not in sheet.columns or "prompts" not in sheet.columns:
         raise ValueError(f"{sheet_path}: the sheet needs the columns 'category' and 'prompts' (tab-separated)")
     for line, record in enumerate(sheet.to_dict("records"), start=2):  # line 1 is the header
@@ -44,28 +60,16 @@ def validate_sheet(sheet, schema_path: str | Path, sheet_path: str | Path, modes
         for error in sorted(validator.iter_errors(record), key=lambda e: list(e.path)):
             where = f"field '{error.path[0]}'" if error.path else "row"
             problems.append(f"{sheet_path}:{line}: {where}: {error.message}")
-        if modes and isinstance(record.get("modes"), str):
+        if config is not None:
             try:
-                ModeMix.parse(record["modes"], modes)
+                sampling_for(config, record, mode_mix(config, record).names)
             except ValueError as exc:
-                problems.append(f"{sheet_path}:{line}: field 'modes': {exc}")
+                problems.append(f"{sheet_path}:{line}: {exc}")
     duplicated = sheet["category"][sheet["category"].duplicated()].tolist()
     if duplicated:
         problems.append(f"{sheet_path}: category names must be unique; repeated: {', '.join(map(str, duplicated))}")
     if problems:
         raise ValueError("invalid category sheet:\n  " + "\n  ".join(problems))
-
-
-def mode_names(config: dict) -> tuple[str, ...]:
-    """The model profile's serving modes; refuses a config-level `modes` mix that names others."""
-    from eagle3_datagen.settings import ModelProfile, ModeMix
-
-    names = ModelProfile.from_config(config["model"]).mode_names
-    try:
-        ModeMix.parse(config.get("modes"), names)
-    except ValueError as exc:
-        raise ValueError(f"config key modes: {exc}") from None
-    return names
 
 
 def category_row(sheet, category: str) -> dict:
@@ -114,21 +118,17 @@ def _export(config: dict, category: dict) -> dict:
     return export
 
 
-def _modes(config: dict, category: dict) -> str:
-    """The category's serving-mode mix, checked against the model's modes and written canonically
-    (`settings.ModeMix`): its sheet cell, else the config's modes, else the first mode."""
+def mode_mix(config: dict, category: dict):
+    """The category's serving-mode mix (`settings.ModeMix`), checked against the model's modes: its
+    sheet cell, else the config's mode_mix, else the first mode."""
     from eagle3_datagen.settings import ModelProfile, ModeMix
 
-    spec = _cell(category, "modes")
-    spec = spec if spec is not None else config.get("modes")
+    cell = _cell(category, "mode_mix")
     names = ModelProfile.from_config(config["model"]).mode_names
     try:
-        return ModeMix.parse(spec, names).to_json()
+        return ModeMix.parse(cell if cell is not None else config.get("mode_mix"), names)
     except ValueError as exc:
-        where = (
-            f"category {category['category']!r}" if category.get("category") and _cell(category, "modes") else "config"
-        )
-        raise ValueError(f"{where}: {exc}") from None
+        raise ValueError(f"field 'mode_mix': {exc}" if cell is not None else f"config key mode_mix: {exc}") from None
 
 
 def _samples_per_prompt(config: dict, category: dict) -> int:
@@ -149,7 +149,7 @@ PARAMS = {
     "max_unexpected_row_share": lambda config, category: float(config["max_unexpected_row_share"]),
     "allow_empty": lambda config, category: bool(config["allow_empty_categories"]),
     "reading": _reading,
-    "sampling": sampling_for,
+    "sampling": lambda config, category: sampling_for(config, category, mode_mix(config, category).names),
     "engine": lambda config, category: config["engine"],
     "client": lambda config, category: config["client"],
     "max_failed_share": lambda config, category: float(config["max_failed_share"]),
@@ -158,7 +158,7 @@ PARAMS = {
     "export": _export,
     "quality": lambda config, category: dict(config["quality"]),
     "turns": _turns,
-    "modes": _modes,
+    "mode_mix": lambda config, category: mode_mix(config, category).to_json(),
     "categories": lambda config, category: list(load_sheet(config["categories"])["category"]),
     "demo_model": lambda config, category: config["demo_model"],
     "batch": lambda config, category: dict(config["batch"]),
@@ -173,13 +173,12 @@ def param(name: str, config: dict, category: dict | None = None):
 
 def load_config(path: str | Path, overrides: dict | None = None) -> dict:
     """The config as Snakemake would see it, validated against the schema (for command-line use)."""
-    from snakemake.utils import validate
+    from eagle3_datagen.settings import validate_config
 
     with open(path) as fh:
         config = yaml.safe_load(fh)
     config.update(overrides or {})
-    validate(config, str(Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"))
-    return config
+    return validate_config(config, str(path))
 
 
 def setup_logging(log_file: str | Path | None = None, level: int = logging.INFO) -> None:

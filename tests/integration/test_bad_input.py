@@ -64,13 +64,13 @@ def test_a_missing_prompts_file_is_named_before_anything_runs(workdir):
         ),
         (
             # (this profile names no modes: its one mode is `default`)
-            "category\tprompts\tmodes\nbad\tconfig/prompts/bad.jsonl\tdefault:0.7,instnt:0.3\n",
-            "config/categories.tsv:2: field 'modes': modes 'default:0.7,instnt:0.3': unknown mode 'instnt'; "
+            "category\tprompts\tmode_mix\nbad\tconfig/prompts/bad.jsonl\tdefault:0.7,instnt:0.3\n",
+            "config/categories.tsv:2: field 'mode_mix': modes 'default:0.7,instnt:0.3': unknown mode 'instnt'; "
             "the model's modes are default",
         ),
         (
-            "category\tprompts\tmodes\nbad\tconfig/prompts/bad.jsonl\tdefault:0\n",
-            "config/categories.tsv:2: field 'modes': modes 'default:0': the share of 'default' must be a positive number",
+            "category\tprompts\tmode_mix\nbad\tconfig/prompts/bad.jsonl\tdefault:0\n",
+            "config/categories.tsv:2: field 'mode_mix': modes 'default:0': the share of 'default' must be a positive number",
         ),
     ],
     ids=["type", "slash", "dotdot", "unknown-column", "not-tab-separated", "unknown-mode", "zero-share"],
@@ -85,11 +85,11 @@ def test_a_bad_category_sheet_names_line_and_field(workdir, sheet, message):
 
 def test_a_config_mix_of_unknown_modes_is_refused_before_any_job(workdir):
     wd = workdir(GOOD)
-    wd.config["modes"] = "default:0.5,fast:0.5"
+    wd.config["mode_mix"] = "default:0.5,fast:0.5"
     wd.write_config()
     proc = wd.snakemake("-n", check=False)
     assert proc.returncode != 0
-    assert "config key modes: modes 'default:0.5,fast:0.5': unknown mode 'fast'" in proc.stdout + proc.stderr
+    assert "config key mode_mix: modes 'default:0.5,fast:0.5': unknown mode 'fast'" in proc.stdout + proc.stderr
 
 
 def test_an_unknown_config_key_is_named(workdir):

@@ -176,7 +176,7 @@ def test_kimi_k2_5s_tiktoken_tokenizer_on_the_real_server(tmp_path, demo_model_d
     import yaml
 
     wd = Workdir(tmp_path, tokenizer=kimi_tiktoken_dir, model_dir=None, backend="scripted",
-                 categories={"chat": demo_rows("chat", 20)}, modes={"chat": "thinking:0.5,instant:0.5"})  # fmt: skip
+                 categories={"chat": demo_rows("chat", 20)}, mode_mix={"chat": "thinking:0.5,instant:0.5"})  # fmt: skip
     with open(ROOT / "config" / "kimi-k2.5.yaml") as fh:
         wd.config["model"] = dict(yaml.safe_load(fh)["model"], tokenizer=str(kimi_tiktoken_dir), context_length=CONTEXT)
     wd.set_sampling({"temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0})

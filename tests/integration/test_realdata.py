@@ -23,10 +23,10 @@ pytestmark = pytest.mark.slow
 ASKING = {"human", "user"}
 
 
-def tokenize(source, out, model, modes=None):
+def tokenize(source, out, model, mode_mix=None):
     budget = {"max_new_tokens": 1024, "min_new_tokens": 16, "reserve_tokens": 2}
     return read_rows(
-        tokenize_file(source, out, model, category="real", budget=budget, seed=1, turns="all", modes=modes)
+        tokenize_file(source, out, model, category="real", budget=budget, seed=1, turns="all", mode_mix=mode_mix)
     )
 
 
@@ -67,7 +67,7 @@ def test_fastchat_sharegpt_on_the_kimi_tiktoken_tokenizer(tmp_path, kimi_tiktoke
     with open(ROOT / "config" / "kimi-k2.5.yaml") as fh:
         model = defaults("model", **dict(yaml.safe_load(fh)["model"], tokenizer=str(kimi_tiktoken_dir)))
     source = prompt_file("sharegpt_fastchat.json")
-    rows = tokenize(source, tmp_path / "fastchat.parquet", model, modes="all")
+    rows = tokenize(source, tmp_path / "fastchat.parquet", model, mode_mix="all")
     assert len(rows) == 2 * len(json.loads(source.read_text())) == 1000
     assert not reasons(rows), reasons(rows)
     by_mode = {(r["id"], r["mode"]): r["prompt_ids"] for r in rows}
@@ -102,9 +102,9 @@ def real_run(tmp_path_factory, kimi_tiktoken_dir):
         "bfcl": (str(prompt_file("bfcl.jsonl")), "120"),
     }
     # The sets are made in serving modes as a deployment mixes them: drawn per conversation, both, or one.
-    modes = {"sharegpt": "thinking:0.5,instant:0.5", "mtbench": "all", "bfcl": "thinking:0.7,instant:0.3"}
-    lines = ["category\tprompts\tmax_rows\tmodes"] + [
-        f"{name}\t{file}\t{n}\t{modes.get(name, '')}" for name, (file, n) in sheet.items()
+    mixes = {"sharegpt": "thinking:0.5,instant:0.5", "mtbench": "all", "bfcl": "thinking:0.7,instant:0.3"}
+    lines = ["category\tprompts\tmax_rows\tmode_mix"] + [
+        f"{name}\t{file}\t{n}\t{mixes.get(name, '')}" for name, (file, n) in sheet.items()
     ]
     (path / "config" / "categories.tsv").write_text("\n".join(lines) + "\n")
     wd.snakemake("--cores", "2", timeout=1800)

@@ -58,7 +58,7 @@ def report_run(tmp_path_factory, kimi_tokenizer_dir):
         model_dir=None,
         backend="scripted",
         categories={"math": demo_rows("math", 6) + ['{"id": "broken", "messages": ['], "chat": demo_rows("chat", 6)},
-        modes={"math": "all"},
+        mode_mix={"math": "all"},
         engine_args=LOOPS,
         pilot={"fraction": 0.5, "min_rows": 2},
     )

@@ -28,7 +28,7 @@ def demo_run(tmp_path_factory, demo_model_dir):
         backend="model",
         categories={"math": math, "code": demo_rows("code", 6), "chat": demo_rows("chat", 8, start=10)},
         # math draws a mode per conversation, code runs every conversation in both, chat in the default.
-        modes={"math": "thinking:0.5,instant:0.5", "code": "all"},
+        mode_mix={"math": "thinking:0.5,instant:0.5", "code": "all"},
     )
     wd.snakemake("--cores", "2")
     return wd

@@ -46,10 +46,10 @@ class Workdir:
         categories: dict[str, list],
         plain_qwen3: bool = False,
         engine_args: str = "",
-        modes: dict[str, str] | None = None,
+        mode_mix: dict[str, str] | None = None,
         **overrides,
     ):
-        """`modes`: a category's serving-mode mix (its `modes` cell of the sheet), where given."""
+        """`mode_mix`: a category's serving-mode mix (its mode_mix cell of the sheet), where given."""
         self.path = path
         self.record_dir = path / "engine_record"
         self.engine_args = engine_args
@@ -57,10 +57,10 @@ class Workdir:
         self.ids: dict[str, set] = {}
         prompts = path / "config" / "prompts"
         prompts.mkdir(parents=True, exist_ok=True)
-        sheet = ["category\tprompts" + ("\tmodes" if modes else "")]
+        sheet = ["category\tprompts" + ("\tmode_mix" if mode_mix else "")]
         for name, rows in categories.items():
             self.write_prompts(name, rows)
-            cell = f"\t{modes.get(name, '')}" if modes else ""
+            cell = f"\t{mode_mix.get(name, '')}" if mode_mix else ""
             sheet.append(f"{name}\tconfig/prompts/{name}.jsonl{cell}")
         (path / "config" / "categories.tsv").write_text("\n".join(sheet) + "\n")
         with open(ROOT / "config" / "config.yaml") as fh:
@@ -76,7 +76,7 @@ class Workdir:
                 tool_call_parser="qwen25",
             )
             config["model"].pop("modes", None)  # one mode: the profile's own values
-            config.pop("modes", None)
+            config.pop("mode_mix", None)
         config["engine"]["local"] = {"backend": backend, "model_dir": str(model_dir or tokenizer), "max_batch": 16}
         config["engine"]["startup_timeout_s"] = 120
         config["client"]["progress_interval_s"] = 1
@@ -95,7 +95,7 @@ class Workdir:
     def one_mode(self) -> None:
         """The profile as one mode, its own values (the demo's modes are the Kimi-shaped template's)."""
         self.config["model"].pop("modes", None)
-        self.config.pop("modes", None)
+        self.config.pop("mode_mix", None)
 
     def write_config(self) -> None:
         (self.path / "config" / "config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))

@@ -1,31 +1,162 @@
-"""Every shipped config validates against the schema, and the engine checks accept it."""
+"""Every shipped config validates against the schema, and the engine checks accept it; a user's
+config stands alone on the schema's defaults; sampling comes from one written order of places."""
 
 from pathlib import Path
 
 import pytest
 import yaml
-from snakemake.utils import validate
 
-from eagle3_datagen.workflow import check_engine, load_sheet
+from eagle3_datagen import workflow
+from eagle3_datagen.settings import SAMPLING_PRECEDENCE, schema, validate_config
+from eagle3_datagen.workflow import check_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ["config/config.yaml", "config/kimi-k2.5.yaml", "config/qwen3.yaml"]
 
 
+def demo() -> dict:
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
 @pytest.mark.parametrize("name", CONFIGS)
-def test_shipped_configs_validate(name):
+def test_shipped_configs_validate(name, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the sheets' paths are the repository's
     config = yaml.safe_load((ROOT / name).read_text())
-    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
-    check_engine(config["engine"])
-    sheet = load_sheet(ROOT / config["categories"])
-    validate(sheet, str(ROOT / "schemas" / "categories.schema.yaml"))
+    sheet = workflow.configure(config, ROOT)
+    assert len(sheet) >= 1 and all(
+        workflow.param("sampling", config, workflow.category_row(sheet, c)) for c in sheet.index
+    )
 
 
 def test_unknown_keys_are_rejected():
-    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    config = demo()
     config["sampling"]["temprature"] = 0.7
-    with pytest.raises(Exception, match="temprature"):
-        validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    with pytest.raises(
+        ValueError, match="sampling: Additional properties are not allowed .'temprature' was unexpected"
+    ):
+        validate_config(config)
+
+
+def leaves(config: dict, path=()):
+    """Every key of a config, as a path; a mode of model.modes is the user's name, so model.modes is one key."""
+    for key, value in config.items():
+        if isinstance(value, dict) and path + (key,) != ("model", "modes"):
+            yield from leaves(value, path + (key,))
+        else:
+            yield path + (key,)
+
+
+def schema_node(path) -> dict:
+    node = schema()
+    for key in path:
+        node = node["properties"][key]
+    return node
+
+
+# Keys a run cannot do without and no default would suit: a config without one is refused, by name.
+NO_DEFAULT = {"categories", "model.name", "model.tokenizer", "model.stop_tokens", "model.context_length", "engine.kind", "max_new_tokens"}  # fmt: skip
+
+
+@pytest.mark.parametrize("path", list(leaves(demo())), ids=".".join)
+def test_a_key_the_user_leaves_out_is_the_schemas_default_never_the_demos(path):
+    config = demo()
+    parent = config
+    for key in path[:-1]:
+        parent = parent[key]
+    del parent[path[-1]]
+    name = ".".join(path)
+    if name in NO_DEFAULT:
+        with pytest.raises(ValueError, match=f"{name} has no default and must be set"):
+            validate_config(config)
+        return
+    validate_config(config)
+    value = config
+    for key in path:
+        value = value.get(key)
+    node = schema_node(path)
+    if name == "engine.local.model_dir":  # null: the model folder that holds the tokenizer
+        assert node["default"] is None and value == config["model"]["tokenizer"]
+    elif name == "sampling.temperature":  # no default: each mode of the demo gives its own
+        assert "default" not in node
+        assert {m: s["temperature"] for m, s in workflow.param("sampling", config, {}).items()} == {
+            m: spec["sampling"]["temperature"] for m, spec in config["model"]["modes"].items()
+        }
+    else:
+        assert value == node["default"], name
+
+
+def test_every_key_without_a_default_is_refused_by_name_at_once():
+    config = {"engine": {"kind": "local"}}
+    with pytest.raises(ValueError) as refused:
+        validate_config(config, "my.yaml")
+    for name in NO_DEFAULT - {"engine.kind"}:
+        assert f"my.yaml: {name} has no default and must be set" in str(refused.value)
+    assert "model.tokenizer has no default and must be set: Directory of the Hugging Face tokenizer" in str(
+        refused.value
+    )
+
+
+def test_a_mode_without_a_temperature_anywhere_is_refused_naming_where_to_set_it():
+    config = demo()
+    del config["sampling"]["temperature"]
+    del config["model"]["modes"]["instant"]["sampling"]["temperature"]
+    validate_config(config)
+    with pytest.raises(ValueError) as refused:
+        workflow.param("sampling", config, {"category": "math"})
+    message = str(refused.value)
+    assert "no temperature for mode 'instant'" in message and "sampling.temperature" in message
+    assert "model.modes.instant.sampling.temperature" in message and SAMPLING_PRECEDENCE in message
+
+
+def test_a_renamed_key_is_named_with_its_new_name(tmp_path):
+    config = demo()
+    config["modes"] = config.pop("mode_mix")
+    with pytest.raises(ValueError, match="key 'modes' is now called 'mode_mix'"):
+        validate_config(config)
+    sheet = tmp_path / "categories.tsv"
+    sheet.write_text("category\tprompts\tmodes\nmath\tp.jsonl\tall\n")
+    with pytest.raises(ValueError, match="column 'modes' is now called 'mode_mix'"):
+        workflow.validate_sheet(workflow.load_sheet(sheet), ROOT / "schemas" / "categories.schema.yaml", sheet, demo())
+
+
+def sheet_of(tmp_path, text: str):
+    path = tmp_path / "categories.tsv"
+    path.write_text(text)
+    return path, workflow.load_sheet(path)
+
+
+def test_a_sampling_cell_of_a_category_that_mixes_modes_names_its_mode(tmp_path):
+    """One temperature in a category of two modes would put one at the other's value: refused, with
+    the way to write it per mode; per mode, each mode gets its own cell and the others keep theirs."""
+    config = validate_config(demo())
+    path, sheet = sheet_of(
+        tmp_path,
+        "category\tprompts\ttemperature\ttop_p\tmode_mix\n"
+        "mixed\tp.jsonl\t0.8\t\tthinking:0.5,instant:0.5\n"
+        "permode\tp.jsonl\tthinking:0.8,instant:0.3\tinstant:0.5\tall\n"
+        "partial\tp.jsonl\tinstant:0.2\t\tall\n"
+        "single\tp.jsonl\t0.8\t0.9\tinstant\n"
+        "stray\tp.jsonl\tfast:0.8\t\tall\n",
+    )
+    schema_path = ROOT / "schemas" / "categories.schema.yaml"
+    with pytest.raises(ValueError) as refused:
+        workflow.validate_sheet(sheet, schema_path, path, config)
+    problems = str(refused.value).splitlines()[1:]
+    assert len(problems) == 2, problems
+    assert f"{path}:2: field 'temperature': the category mixes modes thinking, instant" in problems[0]
+    assert "give one per mode (thinking:0.8,instant:0.8)" in problems[0] and SAMPLING_PRECEDENCE in problems[0]
+    assert (
+        f"{path}:6: field 'temperature': 'fast:0.8' names mode 'fast', which the category does not use" in problems[1]
+    )
+    modes = config["model"]["modes"]
+    got = {
+        c: workflow.param("sampling", config, workflow.category_row(sheet, c)) for c in ("permode", "partial", "single")
+    }
+    assert (got["permode"]["thinking"]["temperature"], got["permode"]["instant"]["temperature"]) == (0.8, 0.3)
+    assert (got["permode"]["thinking"]["top_p"], got["permode"]["instant"]["top_p"]) == (modes["thinking"]["sampling"]["top_p"], 0.5)  # fmt: skip
+    assert got["partial"]["thinking"] == {**config["sampling"], **modes["thinking"]["sampling"]}
+    assert got["partial"]["instant"] == {**config["sampling"], **modes["instant"]["sampling"], "temperature": 0.2}
+    assert (got["single"]["instant"]["temperature"], got["single"]["instant"]["top_p"]) == (0.8, 0.9)
 
 
 def test_production_examples_follow_the_model_cards():
@@ -89,7 +220,7 @@ def test_the_cpu_sglang_overlay_validates_over_the_demo_and_matches_the_suites_s
 
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     update_config(config, yaml.safe_load((ROOT / "config" / "sglang-cpu.yaml").read_text()))
-    validate(config, str(ROOT / "schemas" / "config.schema.yaml"))
+    validate_config(config)
     check_engine(config["engine"])
     sglang = config["engine"]["sglang"]
     assert ROOT / sglang["python"] == sglang_server.python()

@@ -96,7 +96,7 @@ class ModeRun(Run):
 
     def tokenize(self, rows, modes=None, name="prompts"):
         self.model = self.config
-        settings = {"category": "cat", "budget": self.budget, "turns": self.turns, "modes": modes or self.modes}
+        settings = {"category": "cat", "budget": self.budget, "turns": self.turns, "mode_mix": modes or self.modes}
         self.prompts = tokenized(self.tmp_path, rows, self.config, name, **settings)
 
     def serve(self):
@@ -114,7 +114,7 @@ def rid_label(row: dict) -> str:
 
 @pytest.mark.parametrize("turns", ["last", "all"])
 def test_every_mode_renders_as_the_tokenizers_own_template(tmp_path, target, turns):
-    prompts = tokenized(tmp_path, CONVERSATIONS, target.model, modes="all", turns=turns, samples_per_prompt=2)
+    prompts = tokenized(tmp_path, CONVERSATIONS, target.model, mode_mix="all", turns=turns, samples_per_prompt=2)
     rows = read_rows(prompts)
     assert sorted((r["id"], r["mode"], r["sample_index"]) for r in rows) == sorted(product(BY_ID, MODES, range(2)))
     thinking = target.suffix("thinking")
@@ -217,13 +217,16 @@ def test_a_mix_names_what_is_wrong_with_it():
         assert all(w in str(caught.value) for w in (spec, *words)), (spec, str(caught.value))
     # The workflow writes a category's mix canonically: its sheet cell, else the config's, else the first mode.
     config = {"model": production_config("kimi")["model"]}
-    assert workflow.param("modes", config, {"category": "c", "modes": "thinking:3,instant:1"}) == (
+    assert workflow.param("mode_mix", config, {"category": "c", "mode_mix": "thinking:3,instant:1"}) == (
         "thinking:0.75,instant:0.25"
     )
-    assert workflow.param("modes", {**config, "modes": "all"}, {"category": "c", "modes": float("nan")}) == "all"
-    assert workflow.param("modes", config, {"category": "c"}) == "thinking:1.0"
-    with pytest.raises(ValueError, match="category 'math': modes 'instant:2,fast:1': unknown mode 'fast'"):
-        workflow.param("modes", config, {"category": "math", "modes": "instant:2,fast:1"})
+    every = {**config, "mode_mix": "all"}
+    assert workflow.param("mode_mix", every, {"category": "c", "mode_mix": float("nan")}) == "all"
+    assert workflow.param("mode_mix", config, {"category": "c"}) == "thinking:1.0"
+    with pytest.raises(ValueError, match="field 'mode_mix': modes 'instant:2,fast:1': unknown mode 'fast'"):
+        workflow.param("mode_mix", config, {"category": "math", "mode_mix": "instant:2,fast:1"})
+    with pytest.raises(ValueError, match="config key mode_mix: modes 'fast': unknown mode 'fast'"):
+        workflow.param("mode_mix", {**config, "mode_mix": "fast"}, {"category": "math"})
 
 
 def test_the_draw_is_per_conversation_stable_and_independent_of_the_files_order(tmp_path, kimi):
@@ -232,7 +235,7 @@ def test_the_draw_is_per_conversation_stable_and_independent_of_the_files_order(
 
     def drawn(rows, name, seed=0):
         prompts = tokenized(
-            tmp_path, rows, kimi.model, name, modes="thinking:1,instant:1", samples_per_prompt=2, seed=seed
+            tmp_path, rows, kimi.model, name, mode_mix="thinking:1,instant:1", samples_per_prompt=2, seed=seed
         )
         return sorted((r["id"], r["sample_index"], r["mode"], r["seed"]) for r in read_rows(prompts))
 
@@ -244,7 +247,7 @@ def test_the_draw_is_per_conversation_stable_and_independent_of_the_files_order(
     assert set().union(*modes.values()) == set(MODES)
     assert drawn(rows, "again") == first == drawn(shuffled, "shuffled")  # a rerun; the rows in another order
     assert [d[2] for d in drawn(rows, "reseeded", seed=1)] != [d[2] for d in first]  # the config's seed draws it
-    every = read_rows(tokenized(tmp_path, rows, kimi.model, "all", modes="all", samples_per_prompt=2))
+    every = read_rows(tokenized(tmp_path, rows, kimi.model, "all", mode_mix="all", samples_per_prompt=2))
     for mode in MODES:  # every conversation in every mode, with the same seeds
         in_mode = sorted((r["id"], r["sample_index"], r["seed"]) for r in every if r["mode"] == mode)
         assert in_mode == [(row_id, sample, seed) for row_id, sample, _, seed in first]

@@ -257,7 +257,7 @@ def tokenized(tmp_path, category, rows, model, modes):
     source = tmp_path / f"{category}.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     prompts = tmp_path / "prompts" / f"{category}.parquet"
-    return tokenize_file(source, prompts, model, category=category, budget=BUDGET, seed=7, turns="all", modes=modes)
+    return tokenize_file(source, prompts, model, category=category, budget=BUDGET, seed=7, turns="all", mode_mix=modes)
 
 
 def test_a_category_that_mixes_modes_is_projected_per_mode_and_in_all(tmp_path, kimi_tokenizer_dir, caplog):

@@ -50,7 +50,7 @@ def tokenize_prompts(
     turns: str = "last",
     batch: dict | None = None,
     max_unexpected_row_share: float = 0.01,
-    modes: str | None = None,
+    mode_mix: str | None = None,
 ) -> None:
     """Tokenize one category's prompt file `source` into the prompts table `prompts`, a batch at a time.
 
@@ -58,7 +58,7 @@ def tokenize_prompts(
     row, possibly a bug) are counted apart; past `max_unexpected_row_share` of the rows they fail
     the category, whatever `on_bad_rows` says."""
     profile = ModelProfile.from_config(model)
-    mix = ModeMix.parse(modes, profile.mode_names)
+    mix = ModeMix.parse(mode_mix, profile.mode_names)
     tokenizer = load_tokenizer(profile)
     chats = mode_chats(ChatTokenizer(tokenizer, profile.for_mode(mix.names[0])), profile, mix.names)
     batching = Batching.from_config(batch)
@@ -102,7 +102,7 @@ def tokenize_prompts(
             "reading": reading,
             "turns": turns,
             "max_unexpected_row_share": max_unexpected_row_share,
-            "modes": modes,
+            "mode_mix": mode_mix,
         }
         writer.close(table_provenance(source, tokenizer, profile, tally, params, mix))
     progress.finish()
