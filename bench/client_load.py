@@ -386,8 +386,8 @@ def conversation_rows(tokenizer, profile, n: int, turns: int, max_new_tokens: in
 def multi_turn_run(url: str, builder, rows: list[dict], tmp: Path, concurrency: int) -> dict:
     """One multi-turn run: (c) of the module doc. Rows of one turn each make the baseline: the same
     client without follow-ups."""
+    from eagle3_datagen.generation.planning import requests_to_send
     from eagle3_datagen.generation.turns import follower
-    from eagle3_datagen.steps.plan_generation import requests_to_send
 
     c = concurrency
     client = RecordingClient(
@@ -575,8 +575,8 @@ def main() -> None:
                 print(f"{label:16}{b['n_output']:>8}{b['answer_kb']:>11.1f}" + "".join(f"{b[n]:>28.3f}" for n in names))
             print()
         if args.part in ("c", "all"):
+            from eagle3_datagen.generation.planning import make_builder
             from eagle3_datagen.settings import ModelProfile, defaults
-            from eagle3_datagen.steps.plan_generation import make_builder
 
             model = defaults(
                 "model",

@@ -34,8 +34,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from check_parsers import real_text  # noqa: E402  (bench/ is on the path of a bench script)
 from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir  # noqa: E402
 from eagle3_datagen.settings import ModelProfile  # noqa: E402
-from eagle3_datagen.steps.export_dataset import DATASET_SCHEMA, dataset_row, write_jsonl  # noqa: E402
+from eagle3_datagen.steps.export_dataset import DATASET_SCHEMA, write_jsonl  # noqa: E402
 from eagle3_datagen.storage.tables import GENERATIONS_SCHEMA, write_table  # noqa: E402
+from eagle3_datagen.storage.trainer_rows import dataset_row  # noqa: E402
 from eagle3_datagen.tokens.templating import ChatTokenizer  # noqa: E402
 
 

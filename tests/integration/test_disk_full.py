@@ -18,8 +18,8 @@ from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 from eagle3_datagen.generation.locks import ShardLock
 from eagle3_datagen.generation.requests import parse_rid
 from eagle3_datagen.steps.export_dataset import JsonlWriter, merge_datasets
-from eagle3_datagen.steps.plan_generation import journal_path
 from eagle3_datagen.storage.disk import DiskFull
+from eagle3_datagen.storage.layout import journal_path
 from eagle3_datagen.storage.tables import IDS, Batching, TableWriter, read_rows
 from engine_thread import running_engine
 from generate_step import external, generate_shard

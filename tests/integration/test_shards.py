@@ -16,7 +16,7 @@ def prompts(n):
 
 
 def test_shards_generate_apart_and_merge_in_prompt_order(tmp_path, qwen3_tokenizer_dir):
-    from eagle3_datagen.steps.plan_generation import shard_of
+    from eagle3_datagen.generation.planning import shard_of
     from eagle3_datagen.storage.tables import read_provenance, read_rows
 
     wd = Workdir(

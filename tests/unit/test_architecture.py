@@ -90,6 +90,25 @@ def test_imports_run_down_the_layers():
     assert not upward, "imports against the layers:\n" + "\n".join(sorted(upward))
 
 
+def step_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of one step module by another (the package `steps` itself holds no step)."""
+    return sorted(
+        f"{name} -> {target}"
+        for name, targets in graph.items()
+        if name.startswith("eagle3_datagen.steps.")
+        for target in targets
+        if target.startswith("eagle3_datagen.steps.")
+    )
+
+
+def test_no_step_imports_a_step():
+    """A step is one rule's function; what several steps share lives a layer down (the plan and the
+    journal in generation.planning, a shard's run in generation.run, series names in figures.base,
+    the trainer row and file hashes in storage), so that a step can change without moving another."""
+    found = step_imports(GRAPH)
+    assert not found, "steps that import steps (move what they share a layer down):\n" + "\n".join(found)
+
+
 def test_there_are_no_import_cycles():
     state: dict[str, int] = {}  # 1: on the path, 2: done
     cycles = []
@@ -135,3 +154,6 @@ def test_the_checks_would_catch_a_violation(tmp_path):
     assert imported(probe, "eagle3_datagen.storage.probe", set(MODULES)) >= {"eagle3_datagen.steps.generate"}
     probe.write_text("from ..generation.client import GenerateClient\n")
     assert "eagle3_datagen.generation.client" in imported(probe, "eagle3_datagen.storage.probe", set(MODULES))
+    probe.write_text("from eagle3_datagen.steps.plan_generation import plan_generation\n")
+    graph = {"eagle3_datagen.steps.pilot": imported(probe, "eagle3_datagen.steps.pilot", set(MODULES))}
+    assert step_imports(graph) == ["eagle3_datagen.steps.pilot -> eagle3_datagen.steps.plan_generation"]

@@ -17,7 +17,7 @@ import yaml
 from eagle3_datagen.quality.audit import AUDIT_CODES, audit_row, loss_spans
 from eagle3_datagen.settings import ModelProfile, defaults
 from eagle3_datagen.steps.audit import audit, audit_settings, main
-from eagle3_datagen.steps.export_dataset import dataset_row
+from eagle3_datagen.storage.trainer_rows import dataset_row
 from eagle3_datagen.tokens.vocabulary import load_tokenizer
 
 # Short loops, so that the rows stay small: 32 tokens, 4 copies of an n-gram of up to 16 tokens.

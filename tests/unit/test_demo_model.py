@@ -11,6 +11,7 @@ import pytest
 from eagle3_datagen.demo import model as demo_model
 from eagle3_datagen.demo import tokenizers as fixtures
 from eagle3_datagen.demo.tokenizers import KIMI_SPECIAL_TOKENS, KIMI_VOCAB_SIZE
+from eagle3_datagen.storage.disk import file_sha256
 
 EXPECTED_IDS = {
     "[BOS]": 163584,
@@ -78,7 +79,7 @@ def _render(tok, messages, **kwargs) -> list[int]:
 def test_qwen3_tokenizer_dir_is_the_pinned_file(qwen3_tokenizer_dir: Path) -> None:
     assert qwen3_tokenizer_dir.name == "tokenizer_files"
     assert (qwen3_tokenizer_dir / "tokenizer.json").stat().st_size == 11_422_654
-    assert fixtures._sha256_file(qwen3_tokenizer_dir / "tokenizer.json") == fixtures.QWEN3_TOKENIZER_SHA256
+    assert file_sha256(qwen3_tokenizer_dir / "tokenizer.json") == fixtures.QWEN3_TOKENIZER_SHA256
 
 
 def test_qwen3_tokenizer_check_rejects_tampered_copy(qwen3_tokenizer_dir: Path, tmp_path: Path) -> None:

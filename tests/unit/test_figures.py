@@ -11,8 +11,8 @@ import pytest
 
 from eagle3_datagen import figures
 from eagle3_datagen.figures import load, projection, runs, shares
-from eagle3_datagen.steps.check_parsers import VERDICTS
 from eagle3_datagen.steps.plot_checks import VerdictTally
+from eagle3_datagen.tokens.chat_layer import VERDICTS
 
 WHOLE = re.compile(r"[−-]?\d{1,3}(,\d{3})*|[−-]?\d+")  # a tick label of a whole number
 

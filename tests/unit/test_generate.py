@@ -9,10 +9,11 @@ from conftest import conversations
 from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 from eagle3_datagen.engine.server.faults import Faults
 from eagle3_datagen.generation.assemble import assemble
+from eagle3_datagen.generation.planning import make_builder, make_plan, shard_of
+from eagle3_datagen.generation.run import TooManyFailures
 from eagle3_datagen.settings import ModelProfile, defaults
 from eagle3_datagen.steps.export_dataset import Filters, split_rows
-from eagle3_datagen.steps.generate import TooManyFailures, merge_shards
-from eagle3_datagen.steps.plan_generation import make_builder, make_plan, shard_of
+from eagle3_datagen.steps.generate import merge_shards
 from eagle3_datagen.storage.tables import read_provenance, read_rows
 from engine_thread import running_engine
 from generate_step import SAMPLING, generate_shard

@@ -16,12 +16,12 @@ from eagle3_datagen.generation.client import GenerateClient
 from eagle3_datagen.generation.journal import Journal, loop_rows
 from eagle3_datagen.generation.launch import INCREMENTAL_STREAMING_FLAG, local_engine_command, sglang_command
 from eagle3_datagen.generation.requests import Request, RequestTemplate
+from eagle3_datagen.generation.run import _live_stop
 from eagle3_datagen.generation.server_info import streams_incrementally
 from eagle3_datagen.generation.streaming import LiveStop, StreamedAnswer, _events
 from eagle3_datagen.quality.flags import LOOP_FINISH, QualitySettings
 from eagle3_datagen.quality.loops import LoopSettings, find_loop
 from eagle3_datagen.settings import ClientSettings, defaults
-from eagle3_datagen.steps.generate import _live_stop
 
 VOCAB = 50_000
 STOP = 7

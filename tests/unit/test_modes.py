@@ -18,12 +18,13 @@ from test_turns import CONVERSATIONS, SAMPLING, Run, engine, served
 
 from conftest import REPO_ROOT, conversations, tokenize_file
 from eagle3_datagen import workflow
+from eagle3_datagen.generation.planning import make_builder
 from eagle3_datagen.generation.requests import Request, RequestTemplate, parse_rid
 from eagle3_datagen.generation.turns import turn_ends
 from eagle3_datagen.settings import ModelProfile, ModeMix, defaults
 from eagle3_datagen.steps.check_parsers import check_parsers
 from eagle3_datagen.steps.check_sequences import check_rows, check_sequences
-from eagle3_datagen.steps.plan_generation import make_builder, plan_generation
+from eagle3_datagen.steps.plan_generation import plan_generation
 from eagle3_datagen.storage.tables import read_provenance, read_rows
 from eagle3_datagen.tokens.chat_layer import ChatLayer
 from eagle3_datagen.tokens.vocabulary import load_tokenizer

@@ -10,13 +10,13 @@ import pytest
 from conftest import conversations, tokenize_file
 from eagle3_datagen.engine.backends.scripted import ScriptedBackend
 from eagle3_datagen.engine.server.faults import Faults
+from eagle3_datagen.generation.projection import category_rows, project, wilson_interval
 from eagle3_datagen.generation.requests import parse_rid
 from eagle3_datagen.quality.flags import CODES, LOOP_FINISH, QualityFacts, QualitySettings
 from eagle3_datagen.quality.loops import LoopSettings
 from eagle3_datagen.settings import defaults
 from eagle3_datagen.steps.generate import generate
 from eagle3_datagen.steps.pilot import COUNTED, pilot_generate, project_pilot, row_quality, sample_keys
-from eagle3_datagen.steps.projection import category_rows, project, wilson_interval
 from eagle3_datagen.storage.tables import GENERATIONS_SCHEMA, TableWriter, read_rows
 from engine_thread import running_engine
 

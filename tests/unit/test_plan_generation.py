@@ -4,17 +4,16 @@ import json
 
 from conftest import conversations
 from eagle3_datagen.generation.journal import Journal
-from eagle3_datagen.settings import ModelProfile, defaults
-from eagle3_datagen.steps.plan_generation import (
+from eagle3_datagen.generation.planning import (
     make_builder,
     make_plan,
     open_journal,
-    plan_generation,
-    preview_generation,
     requests_to_send,
     shard_of,
     shard_rows,
 )
+from eagle3_datagen.settings import ModelProfile, defaults
+from eagle3_datagen.steps.plan_generation import plan_generation, preview_generation
 from eagle3_datagen.storage.tables import read_provenance, read_rows
 
 SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}

@@ -6,13 +6,13 @@ import json
 import pytest
 
 from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.generation.planning import make_builder, make_plan, open_journal
 from eagle3_datagen.generation.turns import splice_tool_results, turn_ends
 from eagle3_datagen.settings import Budget, ModelProfile, defaults
 from eagle3_datagen.steps.check_parsers import check_parsers
 from eagle3_datagen.steps.check_sequences import check_rows, check_sequences
 from eagle3_datagen.steps.export_dataset import export_dataset
 from eagle3_datagen.steps.generate import generate
-from eagle3_datagen.steps.plan_generation import make_builder, make_plan, open_journal
 from eagle3_datagen.storage.tables import read_provenance, read_rows
 from eagle3_datagen.tokens.chat_layer import ChatLayer
 from engine_thread import running_engine

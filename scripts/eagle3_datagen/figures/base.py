@@ -85,3 +85,20 @@ def category_axis(ax, names: list[str], *, horizontal: bool = False) -> None:
         tilted = len(names) > 4 or max((len(n) for n in names), default=0) > 10
         ax.set_xticks(positions, names, rotation=30 if tilted else 0, ha="right" if tilted else "center")
         ax.set_xlim(*span)
+
+
+def series_name(category: str, mode: str, several_modes: bool) -> str:
+    """A figure's name for a category's rows of one mode: "math (instant)" where the run has several modes."""
+    return f"{category} ({mode})" if several_modes else category
+
+
+def by_series(per_category: dict[str, dict], several: bool | None = None) -> dict:
+    """{category: {mode: value}} as the figures' series (`series_name`); `several`: whether the run has
+    several modes (default: whether `per_category` holds several)."""
+    if several is None:
+        several = len({mode for by_mode in per_category.values() for mode in by_mode}) > 1
+    return {
+        series_name(category, mode, several): value
+        for category, by_mode in per_category.items()
+        for mode, value in by_mode.items()
+    }

@@ -2,7 +2,8 @@
 (`requests`), the HTTP client and what paces it (`client`, `pacing`, `answers`), what a server says
 of itself and its load (`server_info`, `load`), the journal that makes reruns resume, the shard lock,
 the servers a job launches and watches (`servers`, `watchdog`), a conversation's later turns
-(`turns`), and the rows a job assembles (`assemble`).
+(`turns`), the plan of a shard (`planning`), a shard's run through its servers (`run`), the rows a
+job assembles (`assemble`), and the pilot's projection of a full run (`projection`).
 
-Imports `settings`, `storage` and `tokens`.
+Imports `settings`, `storage`, `tokens` and `quality`.
 """

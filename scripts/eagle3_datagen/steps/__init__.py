@@ -2,5 +2,6 @@
 work, e.g. generate and merge_shards), each holding the step function that `scripts/<rule>.py`
 calls with the rule's inputs, outputs and params as keyword arguments.
 
-Imports every layer below: `settings`, `storage`, `tokens`, `demo`, `generation`, `figures`.
+Imports every layer below: `settings`, `storage`, `tokens`, `demo`, `generation`, `figures`; never
+another step (what steps share lives in those layers).
 """

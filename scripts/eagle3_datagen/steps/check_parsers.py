@@ -54,7 +54,7 @@ from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.settings import ModelProfile
 from eagle3_datagen.storage.tables import Batching, TableWriter, count_rows, iter_batches, logged
 from eagle3_datagen.tokens import parsers
-from eagle3_datagen.tokens.chat_layer import ChatLayer
+from eagle3_datagen.tokens.chat_layer import VERDICTS, ChatLayer
 from eagle3_datagen.tokens.templating import group_by_tools
 from eagle3_datagen.tokens.vocabulary import batch_decode, load_tokenizer, token_ids
 
@@ -62,17 +62,6 @@ log = logging.getLogger(__name__)
 
 # Answers cut before their end: by their budget, or stopped as a loop while generated.
 CUT_FINISHES = ("length", LOOP_FINISH)
-VERDICTS = (
-    "exact",
-    "reasoning_token_lost",
-    "truncated_without_reasoning_end",
-    "reasoning_dropped_by_template",
-    "tool_call_reshaped",
-    "text_after_tool_section_dropped",
-    "whitespace_changed",
-    "retokenization_drift",
-    "other",
-)
 
 _SECTION_TOKENS = {
     "kimi_k2": ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),

@@ -8,7 +8,7 @@ records what it measured: requests, output tokens and the client's wall time at 
 concurrency.
 
 `project_pilot` scales the sample to each category's usable conversations, per serving mode (the
-table itself: `steps.projection`): the mean per conversation times their number, with a 95 % interval
+table itself: `generation.projection`): the mean per conversation times their number, with a 95 % interval
 from the sample's spread (normal approximation with the finite-population correction: the interval
 is 0 when the sample is the whole category). GPU-hours are the projected output tokens at the pilot's
 measured output tokens per second, times the server's GPUs; disk is the sample's own bytes per
@@ -34,15 +34,15 @@ import orjson
 
 from eagle3_datagen.generation.assemble import ASSEMBLE_COLUMNS, sending_job
 from eagle3_datagen.generation.journal import Journal
+from eagle3_datagen.generation.projection import FLAG_COUNTS, LIVE_STOP_MEASURES, MEASURES, category_rows, total_rows
+from eagle3_datagen.generation.run import generate_category
 from eagle3_datagen.generation.servers import job_facts
 from eagle3_datagen.quality.flags import CODES, LOOP_FINISH, QualityFacts, QualitySettings, row_flags
 from eagle3_datagen.quality.loops import find_loop
 from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, ClientSettings, ModelProfile, server_gpus, stable_hash
-from eagle3_datagen.steps.export_dataset import dataset_row
-from eagle3_datagen.steps.generate import generate_category
-from eagle3_datagen.steps.plan_generation import journal_path
-from eagle3_datagen.steps.projection import FLAG_COUNTS, LIVE_STOP_MEASURES, MEASURES, category_rows, total_rows
+from eagle3_datagen.storage.layout import journal_path
 from eagle3_datagen.storage.tables import iter_batches, iter_rows, read_provenance
+from eagle3_datagen.storage.trainer_rows import dataset_row
 
 log = logging.getLogger(__name__)
 
@@ -258,7 +258,7 @@ def project_pilot(
     import pandas as pd
 
     from eagle3_datagen.figures import plot_projection
-    from eagle3_datagen.steps.summarize import series_name
+    from eagle3_datagen.figures.base import series_name
 
     settings = QualitySettings.from_config(quality)
     rows = []

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3_datagen.figures import plot_finish_reasons, plot_token_share, plot_verdicts
+from eagle3_datagen.figures.base import by_series
 from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.settings import DEFAULT_MODE
-from eagle3_datagen.steps.check_parsers import VERDICTS
-from eagle3_datagen.steps.summarize import by_series
 from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_batches, iter_record_batches, read_provenance
+from eagle3_datagen.tokens.chat_layer import VERDICTS
 
 
 @dataclass

@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 
 from eagle3_datagen.figures import category_axis, empty_panel, integer_ticks, legend_beside, percent_ticks, pyplot, save
+from eagle3_datagen.figures.base import series_name
 from eagle3_datagen.quality.flags import CODES, QualitySettings
 from eagle3_datagen.settings import ALL_MODES
-from eagle3_datagen.steps.summarize import series_name
 
 log = logging.getLogger(__name__)
 

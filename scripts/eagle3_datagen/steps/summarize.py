@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow.compute as pc
 
 from eagle3_datagen.figures import plot_lengths, plot_turns
+from eagle3_datagen.figures.base import by_series, series_name
 from eagle3_datagen.quality.flags import CODES
 from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, mode_totals
 from eagle3_datagen.storage.prompts import without_source
@@ -275,23 +276,6 @@ def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, sep="\t", index=False)
     return frame
-
-
-def series_name(category: str, mode: str, several_modes: bool) -> str:
-    """A figure's name for a category's rows of one mode: "math (instant)" where the run has several modes."""
-    return f"{category} ({mode})" if several_modes else category
-
-
-def by_series(per_category: dict[str, dict], several: bool | None = None) -> dict:
-    """{category: {mode: value}} as the figures' series (`series_name`); `several`: whether the run has
-    several modes (default: whether `per_category` holds several)."""
-    if several is None:
-        several = len({mode for by_mode in per_category.values() for mode in by_mode}) > 1
-    return {
-        series_name(category, mode, several): value
-        for category, by_mode in per_category.items()
-        for mode, value in by_mode.items()
-    }
 
 
 def iter_jsonl(path: str | Path) -> Iterator[dict]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eagle3_datagen.steps.vocab_mapping import file_sha256
+from eagle3_datagen.storage.disk import file_sha256
 
 PROVENANCE = "provenance.json"
 

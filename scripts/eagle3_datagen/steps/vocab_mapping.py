@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from eagle3_datagen.storage.disk import file_sha256
 from eagle3_datagen.storage.tables import read_provenance
 
 log = logging.getLogger(__name__)
@@ -105,14 +106,6 @@ def prompts_tokenizer(prompts: list[Path]) -> dict:
         raise ValueError(f"the categories were tokenized with different tokenizers: {sorted(seen, key=str)}")
     sha, size = seen.pop()
     return {"tokenizer_sha256": sha, "tokenizer_vocab_size": size}
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def vocab_mapping(

@@ -12,6 +12,7 @@ Imports nothing of the package.
 """
 
 import errno
+import hashlib
 import os
 from contextlib import suppress
 from pathlib import Path
@@ -153,3 +154,11 @@ class AtomicFile:
             self.close()
         else:
             self.discard()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

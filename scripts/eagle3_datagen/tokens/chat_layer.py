@@ -99,3 +99,16 @@ class ChatLayer:
         """The assistant message of one answer (`texts` + `assistant_message`)."""
         text = self.texts([list(output_ids)], [finish_type], [bool(tools)])[0]
         return self.assistant_message(text, tools, history)[0]
+
+
+VERDICTS = (
+    "exact",
+    "reasoning_token_lost",
+    "truncated_without_reasoning_end",
+    "reasoning_dropped_by_template",
+    "tool_call_reshaped",
+    "text_after_tool_section_dropped",
+    "whitespace_changed",
+    "retokenization_drift",
+    "other",
+)
