@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # module's tests stay on one worker (--dist loadfile), so its shared workflow run is made once.
 JOBS ?= 2
 
-.PHONY: demo demo-sglang-cpu status test test-fast lint oracles realdata sglang-server clean-results
+.PHONY: demo demo-sglang-cpu status test test-fast test-sglang lint oracles realdata sglang-server clean-results
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -55,10 +55,14 @@ demo-sglang-cpu: $(STAMP) sglang-server
 test: lint oracles realdata sglang-server
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
 
-# Unit and in-process tests only (no whole-DAG run): before every commit.
+# tests/unit only (unit and in-process, no whole-DAG run): before every commit.
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not slow" -n $(JOBS)
+	$(BIN)/python -m pytest -q -n $(JOBS) tests/unit
+
+# The real SGLang server's tier alone (marker real_sglang; part of make test).
+test-sglang: $(STAMP) sglang-server
+	$(BIN)/python -m pytest -q -m real_sglang -n $(JOBS) --dist loadfile
 
 clean-results:
 	rm -rf results logs benchmarks report.html

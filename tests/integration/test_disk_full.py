@@ -24,6 +24,8 @@ from eagle3_datagen.storage.tables import IDS, Batching, TableWriter, read_rows
 from engine_thread import running_engine
 from generate_step import external, generate_shard
 
+pytestmark = pytest.mark.slow
+
 CONCURRENCY = 4
 CLIENT = {"concurrency": CONCURRENCY, "max_retries": 0, "progress_interval_s": 0.5}
 BUDGET = {"max_new_tokens": 1024, "min_new_tokens": 4, "reserve_tokens": 2}
@@ -90,7 +92,6 @@ def run_generate(prompts, model, url, tmp_path, cache_dir):
     return generate_shard(prompts, model, external(url), tmp_path, client=CLIENT, budget=BUDGET, cache_dir=cache_dir)
 
 
-@pytest.mark.slow
 def test_a_full_journal_disk_stops_the_job_and_the_rerun_sends_only_what_was_lost(
     small_disk, make_prompts, qwen3_tokenizer_dir, tmp_path
 ):

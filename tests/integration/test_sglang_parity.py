@@ -18,6 +18,8 @@ import parser_corpus as corpus
 from eagle3_datagen.tokens import parsers
 from sglang_oracles import installed
 
+pytestmark = pytest.mark.slow
+
 ORACLE = r"""
 import importlib, json, sys, types
 target = sys.argv[1]
@@ -79,7 +81,6 @@ def _job():
     return {"reasoning": reasoning, "tools": [(p, t) for _, p, t in corpus.TOOL_TEXTS], "tools_schema": corpus.TOOLS}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("version", corpus.VERSIONS)
 def test_parsers_match_sglang(version):
     target = installed(version)
