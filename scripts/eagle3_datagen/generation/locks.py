@@ -75,7 +75,7 @@ class ShardLock:
                 f"another generate job holds the journal {self.journal}: {who}. Two jobs sending one shard's rows "
                 f"would pay for each row twice, so this one stops before starting a server. Let the holder "
                 f"finish (a rerun then sends nothing it journalled), or stop it{hint} and rerun; a holder that "
-                "dies releases the lock by itself (see the README: after a kill or preemption)."
+                "dies releases the lock by itself (docs/slurm.md: after a kill or preemption)."
             ) from None
         try:
             os.ftruncate(fd, 0)
