@@ -40,10 +40,7 @@ def get_tokenizer_files(wildcards):
 
 def get_model_weights(wildcards):
     """The local model's weights, when the local engine serves a model (they are part of its fingerprint)."""
-    engine = config["engine"]
-    if engine["kind"] == "local" and engine["local"]["backend"] == "model":
-        return f"{engine['local']['model_dir']}/model.safetensors"
-    return []
+    return wf.model_weights(config["engine"])
 
 
 def get_param(name):

@@ -373,12 +373,3 @@ def canonical_json(obj: Any) -> bytes:
 def stable_hash(obj: Any) -> str:
     """sha256 of an object's canonical JSON: the same value always hashes the same."""
     return hashlib.sha256(canonical_json(obj)).hexdigest()
-
-
-def server_gpus(engine: dict) -> int:
-    """GPUs of the server a job launches (none for an external server: it is not the job's)."""
-    if engine["kind"] == "sglang":
-        return int(engine["sglang"]["tp_size"])
-    if engine["kind"] == "local":
-        return int(engine["local"]["gpus"])
-    return 0

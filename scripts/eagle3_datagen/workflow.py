@@ -4,6 +4,7 @@ Rules pass these as `params:`, so Snakemake reruns a category exactly when its o
 parameters change, and scripts never read the global config.
 """
 
+import dataclasses
 import logging
 import re
 import sys
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from eagle3_datagen.settings import max_new_tokens_for, sampling_for, server_gpus
+from eagle3_datagen.engine_settings import EngineSettings
+from eagle3_datagen.settings import max_new_tokens_for, sampling_for
 
 
 def load_sheet(path: str | Path):
@@ -214,24 +216,35 @@ def generate_gpus(engine: dict, plan_file: str | Path) -> int:
 
     if json.loads(Path(plan_file).read_text())["to_send"] == 0:
         return 0
-    return server_gpus(engine)
+    return EngineSettings.from_config(engine).gpus
+
+
+def server_gpus(engine: dict) -> int:
+    """GPUs of the server a job launches (the pilot's jobs always have work)."""
+    return EngineSettings.from_config(engine).gpus
+
+
+def model_weights(engine: dict) -> list[str]:
+    """The weights file of a server the job launches from a folder the config names (the stand-in's
+    model backend: part of its fingerprint, so a rebuilt model reruns its jobs)."""
+    folder = EngineSettings.from_config(engine).server.weights_dir
+    return [f"{folder}/model.safetensors"] if folder else []
 
 
 def generate_job(engine: dict) -> dict:
     """CPUs, memory and wall time of a generate job (engine.job of the validated config)."""
-    job = engine["job"]
-    return {"cpus": int(job["cpus"]), "mem_mb": int(job["mem_mb"]), "runtime": int(job["runtime"])}
+    return dataclasses.asdict(EngineSettings.from_config(engine).job)
 
 
 def check_engine(engine: dict) -> None:
     """Refuse, before any job runs, an engine configuration that would corrupt data."""
+    from eagle3_datagen.engine_settings import SGLangServer
     from eagle3_datagen.generation.launch import check_extra_args
 
-    if engine["kind"] == "sglang":
-        if "sglang" not in engine:
-            raise ValueError("engine.kind is sglang but engine.sglang (model_path, tp_size, ...) is missing")
-        check_extra_args([str(a) for a in engine["sglang"].get("extra_args") or []])
-    if engine["kind"] == "external" and not (engine.get("external") or {}).get("urls"):
+    settings = EngineSettings.from_config(engine)  # refuses an sglang kind without its block
+    if isinstance(settings.server, SGLangServer):
+        check_extra_args(list(settings.server.extra_args))
+    if not settings.server.launched and not settings.server.urls:
         raise ValueError("engine.kind is external but engine.external.urls is empty")
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3_datagen.engine_settings import EngineSettings
 from eagle3_datagen.generation.journal import Journal
 from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.generation.turns import TurnBuilder, walk
@@ -95,13 +96,11 @@ def server_fingerprint(engine: dict) -> dict:
     For an external server nothing can be read before the run: model.name (part of the model
     fingerprint) identifies what it serves, so change the name when the served model changes.
     """
-    if engine["kind"] == "local":
-        local = engine["local"]
-        fingerprint = {"kind": "local", "backend": local["backend"]}
-        if local["backend"] == "model":
-            fingerprint["weights"] = model_dir_fingerprint(local["model_dir"])
-        return fingerprint
-    return {"kind": engine["kind"]}
+    settings = EngineSettings.from_config(engine)
+    fingerprint = settings.fingerprint()
+    if settings.server.weights_dir is not None:
+        fingerprint["weights"] = model_dir_fingerprint(settings.server.weights_dir)
+    return fingerprint
 
 
 def make_template(facts: dict, profile: ModelProfile, sampling: dict, engine: dict) -> RequestTemplate:

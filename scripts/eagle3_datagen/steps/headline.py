@@ -16,8 +16,9 @@ from pathlib import Path
 import orjson
 import pandas as pd
 
+from eagle3_datagen.engine_settings import EngineSettings
 from eagle3_datagen.quality.flags import CODES
-from eagle3_datagen.settings import ALL_MODES, server_gpus
+from eagle3_datagen.settings import ALL_MODES
 from eagle3_datagen.storage.tables import read_provenance
 
 log = logging.getLogger(__name__)
@@ -70,14 +71,15 @@ def job_usage(provenance: dict) -> dict:
     for shard in provenance.get("shards") or [provenance]:
         client = shard.get("client") or {}
         engine = (shard.get("params") or {}).get("engine") or {}
-        if engine:
-            kinds.add(engine["kind"])
+        settings = EngineSettings.from_config(engine) if engine else None
+        if settings:
+            kinds.add(settings.kind)
         if not client.get("requests"):
             continue  # nothing sent: no server was started (rule generate_cached), no GPU held
         wall_s = (shard.get("job") or {}).get("wall_s")
         elapsed_h = float(wall_s if wall_s is not None else client.get("elapsed_s") or 0.0) / 3600
         job_h += elapsed_h
-        gpu_h += elapsed_h * (server_gpus(engine) if engine else 0)
+        gpu_h += elapsed_h * (settings.gpus if settings else 0)
     return {"job_hours": job_h, "gpu_hours": gpu_h, "engines": sorted(kinds)}
 
 

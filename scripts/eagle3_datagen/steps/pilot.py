@@ -32,6 +32,7 @@ from pathlib import Path
 
 import orjson
 
+from eagle3_datagen.engine_settings import EngineSettings
 from eagle3_datagen.generation.assemble import ASSEMBLE_COLUMNS, sending_job
 from eagle3_datagen.generation.journal import Journal
 from eagle3_datagen.generation.projection import FLAG_COUNTS, LIVE_STOP_MEASURES, MEASURES, category_rows, total_rows
@@ -39,7 +40,7 @@ from eagle3_datagen.generation.run import generate_category
 from eagle3_datagen.generation.servers import job_facts
 from eagle3_datagen.quality.flags import CODES, LOOP_FINISH, QualityFacts, QualitySettings, row_flags
 from eagle3_datagen.quality.loops import find_loop
-from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, ClientSettings, ModelProfile, server_gpus, stable_hash
+from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, ClientSettings, ModelProfile, stable_hash
 from eagle3_datagen.storage.layout import journal_path
 from eagle3_datagen.storage.tables import iter_batches, iter_rows, read_provenance
 from eagle3_datagen.storage.trainer_rows import dataset_row
@@ -137,6 +138,7 @@ def pilot_generate(
             quality=QualitySettings.from_config(quality),
         )
         writer.close({"prompts": facts, "pilot": pilot, **provenance})
+    server = EngineSettings.from_config(engine)
     run = {
         "category": category,
         "usable_conversations": usable,
@@ -146,8 +148,8 @@ def pilot_generate(
         "pilot": pilot,
         "plan": provenance["plan"],
         "client": provenance.get("client"),
-        "engine_kind": engine["kind"],
-        "server_gpus": server_gpus(engine),
+        "engine_kind": server.kind,
+        "server_gpus": server.gpus,
         "journal": str(journal.path),
         "journal_bytes": journal.path.stat().st_size if journal.path.exists() else 0,
         "job": job_facts(),

@@ -1,0 +1,137 @@
+"""The engine block of the validated config as types: one per engine kind, built once from the
+config (`EngineSettings.from_config`, the one place the kind is decided), so that no other module
+reads `engine[...]` or branches on its kind's name.
+
+- `SGLangServer`: each generate job launches `python -m sglang.launch_server` on its node;
+- `LocalServer`: each job launches the CPU stand-in (`python -m eagle3_datagen.engine`);
+- `ExternalServers`: running servers given by URL; nothing is launched, no GPU is the job's.
+"""
+
+from dataclasses import dataclass
+
+from eagle3_datagen.settings import defaults
+
+
+@dataclass(frozen=True)
+class JobResources:
+    """What a generate job asks the cluster for (engine.job)."""
+
+    cpus: int
+    mem_mb: int
+    runtime: int
+
+
+@dataclass(frozen=True)
+class SGLangServer:
+    """engine.sglang: the SGLang server a job launches."""
+
+    model_path: str
+    python: str
+    tp_size: int
+    trust_remote_code: bool
+    mem_fraction_static: float | None
+    extra_args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]  # (name, value as text), in the config's order
+
+    kind = "sglang"
+    launched = True
+    weights_dir = None  # what it serves is read from the server itself (/model_info)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp_size
+
+    def fingerprint(self) -> dict:
+        return {"kind": self.kind}
+
+
+@dataclass(frozen=True)
+class LocalServer:
+    """engine.local: the CPU stand-in a job launches."""
+
+    backend: str
+    model_dir: str | None  # None: the model profile's tokenizer folder
+    max_batch: int
+    gpus: int
+    extra_args: tuple[str, ...]
+
+    kind = "local"
+    launched = True
+
+    @property
+    def weights_dir(self) -> str | None:
+        """The weights the model backend serves (part of what identifies its answers)."""
+        return self.model_dir if self.backend == "model" else None
+
+    def fingerprint(self) -> dict:
+        return {"kind": self.kind, "backend": self.backend}
+
+
+@dataclass(frozen=True)
+class ExternalServers:
+    """engine.external: running servers (or an sglang_router); requests are spread across them."""
+
+    urls: tuple[str, ...]
+
+    kind = "external"
+    launched = False
+    gpus = 0  # the servers are not the job's
+    weights_dir = None
+
+    def fingerprint(self) -> dict:
+        return {"kind": self.kind}
+
+
+KINDS = {cls.kind: cls for cls in (SGLangServer, LocalServer, ExternalServers)}
+
+
+def _text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The engine block: its server (one type per kind) and what every kind shares."""
+
+    server: SGLangServer | LocalServer | ExternalServers
+    deterministic_inference: bool
+    api_key_env: str | None
+    startup_timeout_s: float
+    job: JobResources
+
+    @classmethod
+    def from_config(cls, engine: dict) -> "EngineSettings":
+        """From the config's engine block (or a run's provenance of it), the schema's defaults under it."""
+        engine = defaults("engine", **engine)
+        kind = engine["kind"]
+        if kind not in KINDS:
+            raise ValueError(f"engine.kind {kind!r}: one of {', '.join(KINDS)}")
+        block = dict(engine.get(kind) or {})
+        if kind == "sglang" and "model_path" not in block:
+            raise ValueError("engine.kind is sglang but engine.sglang.model_path is not set")
+        for key in ("extra_args", "urls"):
+            if key in block:
+                block[key] = tuple(str(a) for a in block[key] or ())
+        if "env" in block:
+            block["env"] = tuple((str(k), _text(v)) for k, v in (block["env"] or {}).items())
+        return cls(
+            server=KINDS[kind](**block),
+            deterministic_inference=bool(engine["deterministic_inference"]),
+            api_key_env=engine["api_key_env"],
+            startup_timeout_s=float(engine["startup_timeout_s"]),
+            job=JobResources(**{k: int(v) for k, v in engine["job"].items()}),
+        )
+
+    @property
+    def kind(self) -> str:
+        return self.server.kind
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of the server a job launches (none for external servers: they are not the job's)."""
+        return int(self.server.gpus)
+
+    def fingerprint(self) -> dict:
+        """What identifies the server's answers before it starts, beside the model's name (the
+        caller adds the hash of `server.weights_dir`, where there is one)."""
+        return self.server.fingerprint()
