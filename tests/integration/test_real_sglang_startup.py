@@ -71,18 +71,31 @@ def assert_shows_the_log(message: str, log_path: Path, *lines: str) -> None:
         assert line in tail, (line, tail)
 
 
-@pytest.mark.parametrize("where", ["missing", "empty"])
-def test_a_model_path_without_a_model(where, tmp_path, demo_model_dir):
-    model_path = tmp_path / ("no-such-model" if where == "missing" else "empty-model")
-    if where == "empty":
-        model_path.mkdir()
+def test_a_model_path_that_does_not_exist_is_refused_before_launching(tmp_path, demo_model_dir):
+    model_path = tmp_path / "no-such-model"
     log_path = tmp_path / "server.log"
     message, took = start_failure(sglang_engine(demo_model_dir, model_path=str(model_path)), demo_model_dir, log_path)
+    assert took < 5, took
+    assert f"was not started: engine.sglang.model_path {model_path} does not exist" in message, message
+    assert not log_path.exists()
+
+
+@pytest.mark.parametrize("where", ["empty directory", "hub id"])
+def test_a_model_path_without_a_model(where, tmp_path, demo_model_dir, monkeypatch):
+    """A directory without a model, or a path the server reads as a hub id (no such directory here;
+    offline, as compute nodes often are), fail in the server: named from its log."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model_path = "empty-model" if where == "empty directory" else "no-such-org/no-such-model"
+    if where == "empty directory":
+        (tmp_path / model_path).mkdir()
+    log_path = tmp_path / "server.log"
+    message, took = start_failure(sglang_engine(demo_model_dir, model_path=model_path), demo_model_dir, log_path)
     assert took < BOUND_S, took
-    assert f"engine.sglang.model_path {model_path} is not a model SGLang can load" in message, message
+    meaning = "is not a model SGLang can load" if where == "empty directory" else "is no local directory"
+    assert f"engine.sglang.model_path {model_path} {meaning}" in message, message
     assert "exited with code 1 during start-up" in message
-    known = "Repo id must be in the form" if where == "missing" else "Unrecognized model in"
-    assert_shows_the_log(message, log_path, known)
+    assert_shows_the_log(message, log_path)
 
 
 @pytest.mark.parametrize("which", ["the pipeline's own", "missing"])

@@ -10,7 +10,15 @@ import time
 import pytest
 
 from eagle3_datagen.generation.servers import ServerError, servers
-from eagle3_datagen.generation.startup import cause, check_gpus, exit_text, port_free, port_owner, visible_gpus
+from eagle3_datagen.generation.startup import (
+    cause,
+    check_gpus,
+    check_model_path,
+    exit_text,
+    port_free,
+    port_owner,
+    visible_gpus,
+)
 from eagle3_datagen.settings import ModelProfile, defaults
 from polling import wait_until
 
@@ -83,7 +91,8 @@ def test_enough_gpus_a_cpu_server_another_device_or_an_unknown_node_are_not_refu
 def test_servers_refuses_an_sglang_server_before_launching_it_when_no_gpu_is_visible(tmp_path, monkeypatch):
     """The real path: the job's own environment and /dev, with every GPU hidden as SLURM hides them."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    engine = defaults("engine", kind="sglang", sglang={"python": "/no/such/python", "model_path": "/m", "tp_size": 2})
+    sglang = {"python": "/no/such/python", "model_path": "org/model", "tp_size": 2}
+    engine = defaults("engine", kind="sglang", sglang=sglang)
     profile = ModelProfile.from_config(defaults("model", name="m", tokenizer="/t", context_length=64))
     started = time.monotonic()
     with pytest.raises(ServerError) as refused:
@@ -93,6 +102,14 @@ def test_servers_refuses_an_sglang_server_before_launching_it_when_no_gpu_is_vis
     assert "was not started" in str(refused.value) and "tp_size 2 needs 2 GPUs" in str(refused.value)
     assert "CUDA_VISIBLE_DEVICES=''" in str(refused.value)
     assert not (tmp_path / "server.log").exists()  # nothing was launched
+
+
+def test_a_model_path_shaped_as_a_local_path_must_exist(tmp_path):
+    check_model_path({"model_path": str(tmp_path)})
+    check_model_path({"model_path": "moonshotai/Kimi-K2.5"})  # a hub id: the server's to find
+    for missing in (str(tmp_path / "nothing"), "./nothing", "../nothing", "~/no/such/model"):
+        with pytest.raises(RuntimeError, match=f"engine.sglang.model_path {missing} does not exist"):
+            check_model_path({"model_path": missing})
 
 
 def test_exit_codes_and_known_causes_are_named():

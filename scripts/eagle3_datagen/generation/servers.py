@@ -27,6 +27,7 @@ from eagle3_datagen.generation.redact import redact_command
 from eagle3_datagen.generation.startup import (
     cause,
     check_gpus,
+    check_model_path,
     exit_text,
     last_error,
     port_free,
@@ -252,8 +253,8 @@ def servers(
     """Where to send requests: a server this job launches (`sglang`, `local`), or running ones (`external`).
     `incremental_streaming`: a launched server streams each chunk's new tokens only (the live loop stop).
 
-    A launched SGLang server is refused before it starts where the job sees fewer GPUs than it needs,
-    or the port `engine.sglang.extra_args` fixes is taken. A port this job chose and another process
+    A launched SGLang server is refused before it starts where its model path does not exist, the job
+    sees fewer GPUs than it needs, or the port `engine.sglang.extra_args` fixes is taken. A port this job chose and another process
     took while the server started (the server can only bind it late) is given up once for another."""
     kind = engine["kind"]
     if kind == "external":
@@ -262,6 +263,7 @@ def servers(
     fixed = None
     if kind == "sglang":
         try:
+            check_model_path(engine["sglang"])
             check_gpus(engine["sglang"])
         except RuntimeError as exc:
             raise ServerError(f"the SGLang server was not started: {exc}") from None

@@ -1,7 +1,8 @@
 """What stops a launched server before it serves, and the one message a job ends with then.
 
 Before launching: the GPUs a tensor-parallel SGLang server needs against those the job sees
-(`check_gpus`), and a port the user fixed (`--port` in `engine.sglang.extra_args`). While it starts:
+(`check_gpus`), a model path that does not exist (`check_model_path`), and a port the user fixed
+(`--port` in `engine.sglang.extra_args`). While it starts:
 who listens on its port (`port_owner`): another process there means it cannot bind, and a `/health`
 answered there is not its own. When it fails: the cause, from its exit code and the port's owner,
 named more closely from the log's last lines where they show a known cause (`cause`).
@@ -105,6 +106,14 @@ def check_gpus(sglang: dict, environ=os.environ, dev: Path = Path("/dev")) -> No
     )
 
 
+def check_model_path(sglang: dict) -> None:
+    """Refuse, before launching, a `model_path` shaped as a local path (not a hub id: absolute, or
+    starting with ., ..  or ~) that does not exist: the server would find out only once imported."""
+    path = str(sglang["model_path"])
+    if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
+        raise RuntimeError(f"engine.sglang.model_path {path} does not exist (on {socket.gethostname()})")
+
+
 def _listening_inodes(port: int) -> set[int] | None:
     """The socket inodes listening on TCP `port`; None where /proc/net cannot be read (not Linux)."""
     inodes, read = set(), False
@@ -183,6 +192,11 @@ KNOWN_CAUSES = (
         r"|is not a local folder and is not a valid model identifier|Can't load the configuration",
         "engine.sglang.model_path {model_path} is not a model SGLang can load (a directory with its config.json, "
         "or a hub id)",
+    ),
+    (
+        r"couldn't connect to 'https://huggingface\.co'",
+        "engine.sglang.model_path {model_path} is no local directory, and as a hub id it is neither in the "
+        "cache (HF_HOME) nor downloadable from here",
     ),
     (r"[Aa]ddress already in use", "its port was in use"),
     (r"CUDA out of memory|OutOfMemoryError", "the GPU ran out of memory (engine.sglang.mem_fraction_static)"),
