@@ -304,5 +304,5 @@ def test_a_server_that_refuses_to_start_fails_the_job_with_its_reason(tmp_path, 
     env = {"PYTHONPATH": str(ROOT / "scripts"), "PATH": "/usr/bin:/bin"}
     job = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=STARTUP_TIMEOUT_S)
     assert job.returncode != 0 and "SERVING" not in job.stdout
-    assert "exited with code" in job.stderr and "during start-up" in job.stderr, job.stderr[-3000:]
-    assert "deterministic" in job.stderr.split("during start-up", 1)[1].lower(), job.stderr[-3000:]
+    assert "did not start" in job.stderr and "exited with code 1 during start-up" in job.stderr, job.stderr[-3000:]
+    assert "deterministic" in job.stderr.split("did not start", 1)[1].lower(), job.stderr[-3000:]

@@ -44,6 +44,8 @@ def written_paths() -> set[str]:
 
     journal = str(journal_path("cache", "{category}", "{shard}", "{shards}"))
     found = {journal, f"{journal}.lock", f"{journal}.progress.json"}
+    # Each attempt's logs, named by generation.servers.attempt_logs from the rule's log and the job.
+    found |= {f"logs/{{rule}}/{{category}}/attempts/{{name}}.{{time}}.{{host}}.{{pid}}{s}.log" for s in ("", ".server")}
     literal = re.compile(r"""["']((?:""" + "|".join(OUTPUTS) + r""")/[^"'\s]*)["']""")
     for path in [*ROOT.glob("rules/*.smk"), *LIBRARY.rglob("*.py"), ROOT / "Snakefile"]:
         found.update(literal.findall(path.read_text()))
@@ -64,7 +66,7 @@ def exists(path: str) -> bool:
         # hold no dot, so that {category}.jsonl never stands for math.rejected.jsonl.
         folders = {w.rsplit("/", n)[0] for w in WRITTEN for n in range(w.count("/"))}
         return any(matches(path, w, tail="(/.*)?") for w in WRITTEN) or any(
-            matches(w, path, placeholder="[^/.\0]*") for w in WRITTEN | folders
+            matches(w, path, placeholder="(?:\0|[^/.\0]*)") for w in WRITTEN | folders
         )
     if first in SUBPACKAGES and not path.endswith((".py", "/")):
         return True  # a module's attribute (storage/layout.PATHS) or prose (tokens/s), not a file

@@ -27,15 +27,8 @@ from eagle3_datagen.generation.planning import (
     requests_to_send,
 )
 from eagle3_datagen.generation.progress import Publisher, ShardProgress
-from eagle3_datagen.generation.server_info import streams_incrementally
-from eagle3_datagen.generation.servers import (
-    api_key,
-    job_facts,
-    seeds_honoured,
-    server_provenance,
-    servers,
-    terminate_on_sigterm,
-)
+from eagle3_datagen.generation.server_info import seeds_honoured, server_provenance, streams_incrementally
+from eagle3_datagen.generation.servers import api_key, job_facts, servers, terminate_on_sigterm
 from eagle3_datagen.generation.streaming import LiveStop
 from eagle3_datagen.generation.turns import TurnBuilder, follower
 from eagle3_datagen.quality.flags import QualitySettings

@@ -1,10 +1,12 @@
 """What a server says of itself: `/server_info` and `/model_info` (as SGLang 0.5.23 names them, else
 the older `/get_...` forms), the context it really serves, the start-up checks of its flags
-against the config (refusing a server that would corrupt data), and its load (`/v1/loads`).
+against the config (refusing a server that would corrupt data), what of it is recorded as
+provenance (secrets hidden), and its load (`/v1/loads`).
 
-Imports `answers` (SGLang's error shapes) and `load` (reading a load answer).
+Imports `answers` (SGLang's error shapes), `load` (reading a load answer) and `redact`.
 """
 
+import asyncio
 import json
 import logging
 
@@ -13,6 +15,8 @@ import orjson
 
 from eagle3_datagen.generation.answers import error_text
 from eagle3_datagen.generation.load import Load, parse_loads
+from eagle3_datagen.generation.redact import redact
+from eagle3_datagen.settings import ModelProfile
 
 log = logging.getLogger(__name__)
 
@@ -133,3 +137,24 @@ class LoadReader:
                 return None
             total = load if total is None else total + load
         return total
+
+
+async def _server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
+    infos = {}
+    for url in urls:
+        server_info = await fetch_info(url, "server_info", headers=headers)
+        for warning in check_server_info(server_info, context_length=profile.context_length, url=url):
+            log.warning(warning)
+        model_info = await fetch_info(url, "model_info", headers=headers)
+        infos[url] = {"server_info": redact(server_info), "model_info": redact(model_info)}
+    return infos
+
+
+def seeds_honoured(infos: dict) -> bool:
+    """Whether every server honoured the requests' sampling_seed: only with --enable-deterministic-inference."""
+    return bool(infos) and all(bool(i["server_info"].get("enable_deterministic_inference")) for i in infos.values())
+
+
+def server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
+    """Each server's /server_info and /model_info (secrets hidden), after the start-up checks."""
+    return asyncio.run(_server_provenance(urls, profile, headers))

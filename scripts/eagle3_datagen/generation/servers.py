@@ -1,13 +1,14 @@
 """The servers a generate job talks to: launched ones (`sglang`, `local`) or running ones (`external`).
 
 One code path for every engine that launches a process: the server runs in its own process group
-with its own log; start-up watches both the process and `GET /health`; stopping sends SIGTERM to the
-group, then SIGKILL. Failure is detected from the process state and HTTP status, never by matching
-log text (the command lines come from `launch`). Also here: the API key (from the environment,
-never the config), SIGTERM handling, and the server facts recorded as provenance.
+with its own log; start-up watches the process, who listens on its port, and `GET /health`; stopping
+sends SIGTERM to the group, then SIGKILL. Failure is detected from the process state, the port and
+HTTP status, never by matching log text; a failed start ends in one message naming its cause, with
+the log's last lines (the checks and the causes are `startup`'s, the command lines `launch`'s).
+Also here: the API key (from the environment, never the config), SIGTERM handling, where the job ran
+(provenance), and each attempt's own logs.
 """
 
-import asyncio
 import logging
 import os
 import signal
@@ -22,7 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_datagen.generation.launch import local_engine_command, server_env, sglang_command
-from eagle3_datagen.generation.redact import redact, redact_command
+from eagle3_datagen.generation.redact import redact_command
+from eagle3_datagen.generation.startup import (
+    cause,
+    check_gpus,
+    check_model_path,
+    exit_text,
+    last_error,
+    port_free,
+    port_owner,
+    user_port,
+)
 from eagle3_datagen.settings import ModelProfile
 
 log = logging.getLogger(__name__)
@@ -38,12 +49,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def log_tail(path: Path, lines: int = 30) -> str:
+def log_tail(path: Path, lines: int = 30, width: int = 400) -> str:
+    """The log's last lines, each cut at `width` characters (SGLang logs all its arguments on one line)."""
     try:
         text = Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
-    return "\n".join(text[-lines:])
+    return "\n".join(line if len(line) <= width else line[:width] + " [...]" for line in text[-lines:])
 
 
 # Exit codes of a server stopped by SIGTERM: killed by the signal (-15), its shell convention
@@ -72,8 +84,17 @@ def stop_message(code: int | None, *, stopped_here: bool, killed_here: bool = Fa
     return f"server stopped after SIGTERM, with exit code {code}"
 
 
+class PortTaken(ServerError):
+    """Another process listens on the server's port: it cannot bind it (a launcher's port may be retried)."""
+
+
 class ManagedServer:
-    """A server process owned by this job: `with ManagedServer(...) as url:`."""
+    """A server process owned by this job: `with ManagedServer(...) as url:`.
+
+    Start-up ends at the first of: `/health` answering 200 from this server's own process group, the
+    server's exit, another process listening on its port, or `startup_timeout_s`. Any end but the
+    first stops the whole group and raises one ServerError: the cause (`describe(exit code, log
+    tail)` names it), then the log's last lines."""
 
     def __init__(
         self,
@@ -83,6 +104,8 @@ class ManagedServer:
         log_path: str | Path,
         startup_timeout_s: float = 600.0,
         env: dict | None = None,
+        describe=None,
+        label: str = "the server",
     ):
         self.cmd = cmd
         self.port = port
@@ -90,7 +113,10 @@ class ManagedServer:
         self.log_path = Path(log_path)
         self.startup_timeout_s = startup_timeout_s
         self.env = env
+        self.describe = describe or (lambda code, tail: last_error(tail))
+        self.label = label
         self.proc: subprocess.Popen | None = None
+        self.port_note = ""  # what the message adds when the port is taken (a retry's history)
 
     def start(self) -> str:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,21 +135,39 @@ class ManagedServer:
             str(os.getpid()),
             "--",
         ] + self.cmd
+        self.started = time.monotonic()
         self.proc = subprocess.Popen(
             watched, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
-        self._wait_healthy()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
         return self.url
+
+    def _failed(self, cause: str, error=ServerError) -> ServerError:
+        took, code = time.monotonic() - self.started, self.proc.poll()
+        self.stop()  # before the log is read: it is whole once the group is gone
+        how = f"It exited with {exit_text(code)} during start-up" if code is not None else "This job stopped it"
+        return error(
+            f"{self.label} did not start: {cause}. {how}, after {took:.0f} s "
+            f"(engine.startup_timeout_s {self.startup_timeout_s:.0f}). Its log is {self.log_path}; its last "
+            f"lines:\n{log_tail(self.log_path)}"
+        )
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         delay = 0.1
         while True:
             code = self.proc.poll()
+            # Whoever listens on the port: an answer from another process is not this server's, and
+            # the server cannot bind a port another process listens on (it fails late, after loading).
+            owner = port_owner(self.port, self.proc.pid)
+            if owner == "other" or (code is not None and not port_free(self.port)):
+                raise self._failed(f"port {self.port} is in use by another process{self.port_note}", PortTaken)
             if code is not None:
-                raise ServerError(
-                    f"the server exited with code {code} during start-up; its log is {self.log_path}:\n{log_tail(self.log_path)}"
-                )
+                raise self._failed(self.describe(code, log_tail(self.log_path, 200)))
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
                     if resp.status == 200:
@@ -132,11 +176,7 @@ class ManagedServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             if time.monotonic() > deadline:
-                self.stop()
-                raise ServerError(
-                    f"the server did not become healthy within {self.startup_timeout_s:.0f} s; its log is "
-                    f"{self.log_path}:\n{log_tail(self.log_path)}"
-                )
+                raise self._failed(f"it did not become healthy within {self.startup_timeout_s:.0f} s")
             time.sleep(delay)
             delay = min(delay * 1.5, 2.0)
 
@@ -144,7 +184,7 @@ class ManagedServer:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, grace_s: float = 30.0) -> None:
-        if self.proc is None:
+        if self.proc is None or self._log.closed:
             return
         already, killed = self.proc.poll(), False
         if already is None:
@@ -211,36 +251,81 @@ def servers(
     engine: dict, *, profile: ModelProfile, log_path: Path, key: str | None, incremental_streaming: bool = False
 ):
     """Where to send requests: a server this job launches (`sglang`, `local`), or running ones (`external`).
-    `incremental_streaming`: a launched server streams each chunk's new tokens only (the live loop stop)."""
+    `incremental_streaming`: a launched server streams each chunk's new tokens only (the live loop stop).
+
+    A launched SGLang server is refused before it starts where its model path does not exist, the job
+    sees fewer GPUs than it needs, or the port `engine.sglang.extra_args` fixes is taken. A port this job chose and another process
+    took while the server started (the server can only bind it late) is given up once for another."""
     kind = engine["kind"]
     if kind == "external":
         yield Servers(list(engine["external"]["urls"]))
         return
-    port = free_port()
-    env = None
+    fixed = None
     if kind == "sglang":
-        cmd = sglang_command(
-            engine,
-            port=port,
-            context_length=profile.context_length,
-            api_key=key,
-            incremental_streaming=incremental_streaming,
+        try:
+            check_model_path(engine["sglang"])
+            check_gpus(engine["sglang"])
+        except RuntimeError as exc:
+            raise ServerError(f"the SGLang server was not started: {exc}") from None
+        fixed = user_port([str(a) for a in engine["sglang"]["extra_args"]])
+        if fixed is not None and not port_free(fixed):
+            raise ServerError(
+                f"the SGLang server was not started: port {fixed} (--port in engine.sglang.extra_args) is in use "
+                "by another process; give another port, or drop --port and let the job choose a free one"
+            )
+    note = " (--port in engine.sglang.extra_args)" if fixed is not None else ""
+    for attempt in (1, 2):
+        port = fixed or free_port()
+        server = _managed_server(
+            engine, profile, port=port, log_path=log_path, key=key, streaming=incremental_streaming
         )
-        env = server_env(engine["sglang"].get("env") or {})
-    else:
-        cmd = local_engine_command(
-            engine,
-            port=port,
-            context_length=profile.context_length,
-            tokenizer=profile.tokenizer,
-            trust_remote_code=profile.trust_remote_code,
-            incremental_streaming=incremental_streaming,
-        )
-    server = ManagedServer(
-        cmd, port=port, log_path=log_path, startup_timeout_s=float(engine["startup_timeout_s"]), env=env
-    )
-    with server as url:
+        server.port_note = note
+        try:
+            url = server.start()
+            break
+        except PortTaken as exc:
+            if fixed is not None or attempt == 2:
+                raise
+            log.warning("%s\nstarting it again on another port", exc)
+            note = f", as port {port} was on the first try: given up after one retry"
+    try:
         yield Servers([url], server)
+    finally:
+        server.stop()
+
+
+def _managed_server(
+    engine: dict, profile: ModelProfile, *, port: int, log_path: Path, key: str | None, streaming: bool
+) -> ManagedServer:
+    """The launched server of `engine` (kind sglang or local), listening on `port`, not yet started."""
+    timeout = float(engine["startup_timeout_s"])
+    if engine["kind"] == "sglang":
+        sglang = engine["sglang"]
+        cmd = sglang_command(
+            engine, port=port, context_length=profile.context_length, api_key=key, incremental_streaming=streaming
+        )
+
+        def describe(code: int, tail: str) -> str:
+            return cause(code, tail, python=str(sglang["python"]), model_path=str(sglang["model_path"]))
+
+        return ManagedServer(
+            cmd,
+            port=port,
+            log_path=log_path,
+            startup_timeout_s=timeout,
+            env=server_env(sglang.get("env") or {}),
+            describe=describe,
+            label="the SGLang server",
+        )
+    cmd = local_engine_command(
+        engine,
+        port=port,
+        context_length=profile.context_length,
+        tokenizer=profile.tokenizer,
+        trust_remote_code=profile.trust_remote_code,
+        incremental_streaming=streaming,
+    )
+    return ManagedServer(cmd, port=port, log_path=log_path, startup_timeout_s=timeout, label="the local engine")
 
 
 @contextmanager
@@ -299,26 +384,3 @@ def job_facts() -> dict:
         "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
-
-
-async def _server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
-    from eagle3_datagen.generation.server_info import check_server_info, fetch_info
-
-    infos = {}
-    for url in urls:
-        server_info = await fetch_info(url, "server_info", headers=headers)
-        for warning in check_server_info(server_info, context_length=profile.context_length, url=url):
-            log.warning(warning)
-        model_info = await fetch_info(url, "model_info", headers=headers)
-        infos[url] = {"server_info": redact(server_info), "model_info": redact(model_info)}
-    return infos
-
-
-def seeds_honoured(infos: dict) -> bool:
-    """Whether every server honoured the requests' sampling_seed: only with --enable-deterministic-inference."""
-    return bool(infos) and all(bool(i["server_info"].get("enable_deterministic_inference")) for i in infos.values())
-
-
-def server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
-    """Each server's /server_info and /model_info (secrets hidden), after the start-up checks."""
-    return asyncio.run(_server_provenance(urls, profile, headers))

@@ -3,7 +3,8 @@
 `python -m eagle3_datagen.generation.watchdog --parent PID -- CMD ...` runs CMD in the watchdog's process group
 (the job starts the watchdog as a session leader) and watches PID. When PID is gone — the
 job was killed, even with SIGKILL — the whole group gets SIGTERM, then SIGKILL. SIGTERM to the
-watchdog is passed on to the group the same way. It exits with CMD's exit code.
+watchdog is passed on to the group the same way. When CMD exits by itself, what it started and left
+in the group is stopped the same way. It exits with CMD's exit code, 127 when CMD cannot be run.
 """
 
 import argparse
@@ -12,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+
+from eagle3_datagen.generation.startup import group_members
 
 GRACE_S = 30.0
 
@@ -24,32 +27,16 @@ def stop_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + grace_s
-    while proc.poll() is None and time.monotonic() < deadline:
+    # The server and what it spawned (e.g. worker processes holding GPUs) get the grace together.
+    while (proc.poll() is None or group_members(pgid, exclude=os.getpid())) and time.monotonic() < deadline:
         time.sleep(0.2)
     if proc.poll() is None:
         proc.kill()
-    # Anything the server spawned that is still in the group (e.g. worker processes holding GPUs).
-    for pid in _group_members(pgid):
+    for pid in group_members(pgid, exclude=os.getpid()):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Other live processes of a process group, read from /proc."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry))
-    return members
 
 
 def main(argv=None) -> int:
@@ -63,10 +50,16 @@ def main(argv=None) -> int:
     terminating = []
     signal.signal(signal.SIGTERM, lambda signum, frame: terminating.append(signum))
     signal.signal(signal.SIGINT, lambda signum, frame: terminating.append(signum))
-    proc = subprocess.Popen(cmd)
+    try:
+        proc = subprocess.Popen(cmd)
+    except OSError as exc:  # a shell's codes for a program it cannot find, or cannot run
+        print(f"watchdog: cannot run {cmd[0]}: {exc.strerror}", file=sys.stderr, flush=True)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
     while True:
         code = proc.poll()
         if code is not None:
+            if group_members(os.getpgid(0), exclude=os.getpid()):  # what the server left behind
+                stop_group(proc, grace_s=10.0)
             return code
         if terminating or os.getppid() != args.parent:  # reparented: the job is gone
             if not terminating:

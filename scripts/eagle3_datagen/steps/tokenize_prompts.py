@@ -4,8 +4,11 @@ The table's provenance also carries the token facts every later step needs (`tok
 the tokenizer's fingerprint, vocabulary size, stop and reasoning ids), so that planning and
 generation never load the tokenizer.
 
+Each mode's prompts are checked to end with its prompt suffix as they are made (`prompt_suffix`):
+a suffix the template does not render fails the category on its first prompts, before any GPU time.
+
 May import: `settings`, `storage` (the prompt readers, the tables), `tokens` (templating, vocabulary,
-token facts), `generation.turns`.
+token facts, prompt suffix), `generation.turns`.
 """
 
 import json
@@ -20,6 +23,7 @@ from eagle3_datagen.storage.progress import Progress
 from eagle3_datagen.storage.prompt_rows import PromptRow, ReadOptions
 from eagle3_datagen.storage.prompts import iter_prompts, prompt_extent, without_source
 from eagle3_datagen.storage.tables import PROMPTS_SCHEMA, Batching, TableWriter
+from eagle3_datagen.tokens.prompt_suffix import SuffixCheck
 from eagle3_datagen.tokens.templating import CONTROL_TOKEN_POLICY, ChatTokenizer
 from eagle3_datagen.tokens.token_facts import output_budget, token_facts
 from eagle3_datagen.tokens.vocabulary import load_tokenizer, token_ids
@@ -63,6 +67,7 @@ def tokenize_prompts(
     chats = mode_chats(ChatTokenizer(tokenizer, profile.for_mode(mix.names[0])), profile, mix.names)
     batching = Batching.from_config(batch)
     tally = Tally()
+    suffixes = SuffixCheck(tokenizer, profile, mix.names)  # a wrong suffix fails on a mode's first prompts
     extent = prompt_extent(source)  # for the progress lines: the records (or lines) ahead
     progress = Progress("tokenize_prompts", extent.rows)
     progress.start()
@@ -82,9 +87,11 @@ def tokenize_prompts(
                 turns=turns,
                 mix=mix,
             )
+            suffixes.apply(table)
             tally.add(rows, table)
             writer.write(table)
             progress.advance(len(rows), None if extent.rows is not None else extent.fraction(rows[-1].source))
+        suffixes.finish()
         check_bad_rows(
             tally,
             source,
@@ -106,13 +113,8 @@ def tokenize_prompts(
         }
         writer.close(table_provenance(source, tokenizer, profile, tally, params, mix))
     progress.finish()
-    log.info(
-        "%s: %d rows, %d usable, %d prompt tokens",
-        category,
-        tally.rows,
-        tally.rows - tally.skipped,
-        tally.prompt_tokens,
-    )
+    usable = tally.rows - tally.skipped
+    log.info("%s: %d rows, %d usable, %d prompt tokens", category, tally.rows, usable, tally.prompt_tokens)
 
 
 def table_provenance(
