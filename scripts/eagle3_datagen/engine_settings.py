@@ -11,6 +11,20 @@ from dataclasses import dataclass
 
 from eagle3_datagen.settings import defaults
 
+# Launch flags that would change or cut the data: parsers rewrite tokens on the chat layer (and a
+# server for this pipeline needs none), auto-truncation silently cuts prompts, and without the
+# tokenizer the server cannot check what it is given.
+REFUSED_SGLANG_FLAGS = ("--reasoning-parser", "--tool-call-parser", "--allow-auto-truncate", "--skip-tokenizer-init")
+
+
+def check_extra_args(args) -> None:
+    """Refuse launch arguments that would reshape or cut the generated data."""
+    bad = [a for a in args if str(a).split("=", 1)[0] in REFUSED_SGLANG_FLAGS]
+    if bad:
+        raise ValueError(
+            f"engine.sglang.extra_args: {', '.join(bad)} would reshape or cut the generated data; remove it"
+        )
+
 
 @dataclass(frozen=True)
 class JobResources:
@@ -36,6 +50,9 @@ class SGLangServer:
     kind = "sglang"
     launched = True
     weights_dir = None  # what it serves is read from the server itself (/model_info)
+
+    def __post_init__(self):
+        check_extra_args(self.extra_args)
 
     @property
     def gpus(self) -> int:
@@ -98,6 +115,11 @@ class EngineSettings:
     api_key_env: str | None
     startup_timeout_s: float
     job: JobResources
+
+    @classmethod
+    def of(cls, engine: "EngineSettings | dict") -> "EngineSettings":
+        """`engine` as settings: the settings themselves, or built from a config's engine block."""
+        return engine if isinstance(engine, cls) else cls.from_config(engine)
 
     @classmethod
     def from_config(cls, engine: dict) -> "EngineSettings":

@@ -238,12 +238,7 @@ def generate_job(engine: dict) -> dict:
 
 def check_engine(engine: dict) -> None:
     """Refuse, before any job runs, an engine configuration that would corrupt data."""
-    from eagle3_datagen.engine_settings import SGLangServer
-    from eagle3_datagen.generation.launch import check_extra_args
-
-    settings = EngineSettings.from_config(engine)  # refuses an sglang kind without its block
-    if isinstance(settings.server, SGLangServer):
-        check_extra_args(list(settings.server.extra_args))
+    settings = EngineSettings.from_config(engine)  # refuses an sglang block without model_path or with a refused flag
     if not settings.server.launched and not settings.server.urls:
         raise ValueError("engine.kind is external but engine.external.urls is empty")
 

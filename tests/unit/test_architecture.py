@@ -3,6 +3,7 @@ layers, with no cycles), every module says what it owns, and no module or functi
 purpose (400 and 80 lines)."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,28 @@ def test_no_step_imports_a_step():
     the trainer row and file hashes in storage), so that a step can change without moving another."""
     found = step_imports(GRAPH)
     assert not found, "steps that import steps (move what they share a layer down):\n" + "\n".join(found)
+
+
+# A subscript (after a name, ] or ), not a list literal such as engines == ["local"].
+RAW_ENGINE_READ = re.compile(r"""engine\[|engine\.get\(|(?<=[\w\])])\[["'](?:kind|sglang|local|external)["']\]""")
+
+
+def test_the_engine_block_is_read_through_its_types_alone():
+    """engine_settings builds one type per engine kind from the config; nothing else reads the dict
+    or branches on the kind's name (the rules included)."""
+    sources = {
+        name: path for name, path in MODULES.items() if area(name) not in ("engine", "settings", "engine_settings")
+    }
+    sources |= {path.name: path for path in (PACKAGE.parents[1] / "rules").glob("*.smk")}
+    raw = [
+        f"{name}:{n}: {line.strip()}"
+        for name, path in sources.items()
+        for n, line in enumerate(path.read_text().splitlines(), start=1)
+        if RAW_ENGINE_READ.search(line)
+    ]
+    assert not raw, "raw reads of the engine block (use engine_settings.EngineSettings):\n" + "\n".join(raw)
+    assert RAW_ENGINE_READ.search('if engine["kind"] == "local"') and RAW_ENGINE_READ.search("x = cfg['sglang']")
+    assert not RAW_ENGINE_READ.search('engines == ["local"]')
 
 
 def test_there_are_no_import_cycles():

@@ -286,7 +286,9 @@ def test_launched_servers_stream_incrementally_only_with_the_live_stop():
     engine = defaults("engine", kind="sglang", sglang={"model_path": "m"}, local={"backend": "scripted"})
     for live in (True, False):
         sglang = sglang_command(engine, port=1, context_length=8, incremental_streaming=live)
-        local = local_engine_command(engine, port=1, context_length=8, tokenizer="t", incremental_streaming=live)
+        local = local_engine_command(
+            {**engine, "kind": "local"}, port=1, context_length=8, tokenizer="t", incremental_streaming=live
+        )
         assert (INCREMENTAL_STREAMING_FLAG in sglang) == live == (INCREMENTAL_STREAMING_FLAG in local)
 
 

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from eagle3_datagen.engine_settings import EngineSettings
 from eagle3_datagen.generation.servers import ServerError, servers
 from eagle3_datagen.generation.startup import (
     cause,
@@ -23,8 +24,9 @@ from eagle3_datagen.settings import ModelProfile, defaults
 from polling import wait_until
 
 
-def sglang(tp_size=1, extra=()):
-    return {"python": "python", "model_path": "/m", "tp_size": tp_size, "extra_args": list(extra)}
+def sglang(tp_size=1, extra=(), model_path="/m"):
+    block = {"python": "python", "model_path": model_path, "tp_size": tp_size, "extra_args": list(extra)}
+    return EngineSettings.from_config({"kind": "sglang", "sglang": block}).server
 
 
 @pytest.fixture
@@ -105,11 +107,11 @@ def test_servers_refuses_an_sglang_server_before_launching_it_when_no_gpu_is_vis
 
 
 def test_a_model_path_shaped_as_a_local_path_must_exist(tmp_path):
-    check_model_path({"model_path": str(tmp_path)})
-    check_model_path({"model_path": "moonshotai/Kimi-K2.5"})  # a hub id: the server's to find
+    check_model_path(sglang(model_path=str(tmp_path)))
+    check_model_path(sglang(model_path="moonshotai/Kimi-K2.5"))  # a hub id: the server's to find
     for missing in (str(tmp_path / "nothing"), "./nothing", "../nothing", "~/no/such/model"):
         with pytest.raises(RuntimeError, match=f"engine.sglang.model_path {missing} does not exist"):
-            check_model_path({"model_path": missing})
+            check_model_path(sglang(model_path=missing))
 
 
 def test_exit_codes_and_known_causes_are_named():

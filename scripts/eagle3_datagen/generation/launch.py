@@ -3,7 +3,7 @@
 `engine.sglang.env` on top of the job's environment) and the CPU stand-in engine. Either streams
 its answers incrementally (`--incremental-streaming-output`) where the client stops loops live.
 
-Imports only the standard library; `servers` runs what this module builds.
+Imports the engine's settings; `servers` runs what this module builds.
 """
 
 import logging
@@ -11,22 +11,9 @@ import os
 import shlex
 import sys
 
+from eagle3_datagen.engine_settings import EngineSettings
+
 log = logging.getLogger(__name__)
-
-
-# Launch flags that would change or cut the data: parsers rewrite tokens on the chat layer (and a
-# server for this pipeline needs none), auto-truncation silently cuts prompts, and without the
-# tokenizer the server cannot check what it is given.
-REFUSED_SGLANG_FLAGS = ("--reasoning-parser", "--tool-call-parser", "--allow-auto-truncate", "--skip-tokenizer-init")
-
-
-def check_extra_args(args: list[str]) -> None:
-    """Refuse launch arguments that would reshape or cut the generated data."""
-    bad = [a for a in args if a.split("=", 1)[0] in REFUSED_SGLANG_FLAGS]
-    if bad:
-        raise ValueError(
-            f"engine.sglang.extra_args: {', '.join(bad)} would reshape or cut the generated data; remove it"
-        )
 
 
 # Each streamed chunk holds only the tokens new since the one before (else every chunk repeats the
@@ -35,28 +22,33 @@ INCREMENTAL_STREAMING_FLAG = "--incremental-streaming-output"
 
 
 def sglang_command(
-    engine: dict, *, port: int, context_length: int, api_key: str | None = None, incremental_streaming: bool = False
+    engine: EngineSettings | dict,
+    *,
+    port: int,
+    context_length: int,
+    api_key: str | None = None,
+    incremental_streaming: bool = False,
 ) -> list[str]:
     """`python -m sglang.launch_server ...` from the config, bound to localhost on `port`."""
-    sglang = engine["sglang"]
-    extra = [str(a) for a in sglang["extra_args"]]
-    check_extra_args(extra)
+    settings = EngineSettings.of(engine)
+    sglang = settings.server
+    extra = list(sglang.extra_args)
     cmd = [
-        sglang["python"],
+        sglang.python,
         "-m",
         "sglang.launch_server",
         "--model-path",
-        str(sglang["model_path"]),
+        sglang.model_path,
         "--tp-size",
-        str(sglang["tp_size"]),
+        str(sglang.tp_size),
         *_listening(port, context_length),
     ]
-    if sglang["trust_remote_code"]:
+    if sglang.trust_remote_code:
         cmd.append("--trust-remote-code")
-    if engine["deterministic_inference"]:
+    if settings.deterministic_inference:
         cmd.append("--enable-deterministic-inference")
-    if sglang["mem_fraction_static"] is not None:
-        cmd += ["--mem-fraction-static", str(sglang["mem_fraction_static"])]
+    if sglang.mem_fraction_static is not None:
+        cmd += ["--mem-fraction-static", str(sglang.mem_fraction_static)]
     if api_key:
         cmd += ["--api-key", api_key]
     if incremental_streaming and INCREMENTAL_STREAMING_FLAG not in extra:
@@ -64,10 +56,12 @@ def sglang_command(
     return cmd + extra
 
 
-def server_env(extra: dict) -> dict:
-    """The launched server's environment: the job's own, with `engine.sglang.env` on top (values as
-    text). Only the names are logged: values may hold credentials."""
+def server_env(extra) -> dict:
+    """The launched server's environment: the job's own, with `engine.sglang.env` (a mapping, or
+    its (name, value) pairs) on top, values as text. Only the names are logged: values may hold
+    credentials."""
     env = dict(os.environ)
+    extra = dict(extra)
     for name, value in extra.items():
         env[str(name)] = str(value).lower() if isinstance(value, bool) else str(value)
     if extra:
@@ -88,7 +82,7 @@ def _listening(port: int, context_length: int) -> list[str]:
 
 
 def local_engine_command(
-    engine: dict,
+    engine: EngineSettings | dict,
     *,
     port: int,
     context_length: int,
@@ -97,26 +91,27 @@ def local_engine_command(
     incremental_streaming: bool = False,
 ) -> list[str]:
     """The command line of the CPU stand-in engine (python -m eagle3_datagen.engine)."""
-    local = engine["local"]
+    settings = EngineSettings.of(engine)
+    local = settings.server
     cmd = [
         sys.executable,
         "-m",
         "eagle3_datagen.engine",
         "--backend",
-        local["backend"],
+        local.backend,
         "--model-dir",
-        str(local.get("model_dir") or tokenizer),
+        str(local.model_dir or tokenizer),
         "--tokenizer-dir",
         str(tokenizer),
         *_listening(port, context_length),
         "--max-batch",
-        str(local["max_batch"]),
+        str(local.max_batch),
     ]
     if trust_remote_code:  # as the model profile says, like SGLang's --trust-remote-code
         cmd.append("--trust-remote-code")
-    if engine["deterministic_inference"]:
+    if settings.deterministic_inference:
         cmd.append("--enable-deterministic-inference")
     if incremental_streaming:
         cmd.append(INCREMENTAL_STREAMING_FLAG)
-    cmd += [str(arg) for arg in local.get("extra_args") or ()]
+    cmd += list(local.extra_args)
     return cmd + shlex.split(os.environ.get(LOCAL_ENGINE_ARGS_ENV, ""))

@@ -90,20 +90,20 @@ def model_dir_fingerprint(model_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
-def server_fingerprint(engine: dict) -> dict:
+def server_fingerprint(engine: EngineSettings | dict) -> dict:
     """What identifies the server's model, known before any server starts.
 
     For an external server nothing can be read before the run: model.name (part of the model
     fingerprint) identifies what it serves, so change the name when the served model changes.
     """
-    settings = EngineSettings.from_config(engine)
+    settings = EngineSettings.of(engine)
     fingerprint = settings.fingerprint()
     if settings.server.weights_dir is not None:
         fingerprint["weights"] = model_dir_fingerprint(settings.server.weights_dir)
     return fingerprint
 
 
-def make_template(facts: dict, profile: ModelProfile, sampling: dict, engine: dict) -> RequestTemplate:
+def make_template(facts: dict, profile: ModelProfile, sampling: dict, engine: EngineSettings | dict) -> RequestTemplate:
     """The request parts shared by every row, from the token facts of the prompts table."""
     fingerprint = {
         "model": profile.name,
@@ -133,11 +133,14 @@ def mode_sampling(sampling: dict, profile: ModelProfile) -> dict[str, dict]:
     return {m: dict(sampling) for m in profile.mode_names}
 
 
-def make_builder(facts: dict, profile: ModelProfile, sampling: dict, engine: dict, budget: dict) -> TurnBuilder:
+def make_builder(
+    facts: dict, profile: ModelProfile, sampling: dict, engine: EngineSettings | dict, budget: dict
+) -> TurnBuilder:
     """The requests of a category's conversations (`turns.TurnBuilder`), from its prompts table's facts,
     each mode's with its own template variables and sampling; `budget` (max_new_tokens, min_new_tokens,
     reserve_tokens) sizes the later turns' answers."""
     per_mode = mode_sampling(sampling, profile)
+    engine = EngineSettings.of(engine)  # once, for every mode's template
     templates = {m: make_template(facts, profile.for_mode(m), per_mode[m], engine) for m in profile.mode_names}
     return TurnBuilder(
         templates[profile.mode],

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from eagle3_datagen.engine_settings import EngineSettings
 from eagle3_datagen.generation.assemble import (
     FailureCount,
     assemble,
@@ -50,7 +51,7 @@ def generate_category(
     facts: dict,
     profile: ModelProfile,
     sampling: dict,
-    engine: dict,
+    engine: EngineSettings | dict,
     budget: dict,
     client_settings: ClientSettings,
     journal: Journal,
@@ -73,6 +74,7 @@ def generate_category(
     """
     quality = quality or QualitySettings.from_config()
     journal.reuse = loop_rows(quality.loop if quality.stops_loops_live else None)
+    engine = EngineSettings.of(engine)
     builder = make_builder(facts, profile, sampling, engine, budget)
     provenance = {
         "model_fingerprint": builder.template.model_fingerprint,
@@ -130,7 +132,7 @@ def _send_plan(
     builder: TurnBuilder,
     journal: Journal,
     *,
-    engine: dict,
+    engine: EngineSettings | dict,
     profile: ModelProfile,
     client_settings: ClientSettings,
     server_log: Path,

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3_datagen.engine_settings import EngineSettings, SGLangServer
 from eagle3_datagen.generation.launch import local_engine_command, server_env, sglang_command
 from eagle3_datagen.generation.redact import redact_command
 from eagle3_datagen.generation.startup import (
@@ -226,9 +227,9 @@ def terminate_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def api_key(engine: dict) -> str | None:
+def api_key(engine: EngineSettings | dict) -> str | None:
     """The server's API key, from the environment variable the config names (never from the config)."""
-    name = engine.get("api_key_env")
+    name = EngineSettings.of(engine).api_key_env
     if not name:
         return None
     key = os.environ.get(name)
@@ -248,7 +249,12 @@ class Servers:
 
 @contextmanager
 def servers(
-    engine: dict, *, profile: ModelProfile, log_path: Path, key: str | None, incremental_streaming: bool = False
+    engine: EngineSettings | dict,
+    *,
+    profile: ModelProfile,
+    log_path: Path,
+    key: str | None,
+    incremental_streaming: bool = False,
 ):
     """Where to send requests: a server this job launches (`sglang`, `local`), or running ones (`external`).
     `incremental_streaming`: a launched server streams each chunk's new tokens only (the live loop stop).
@@ -256,18 +262,18 @@ def servers(
     A launched SGLang server is refused before it starts where its model path does not exist, the job
     sees fewer GPUs than it needs, or the port `engine.sglang.extra_args` fixes is taken. A port this job chose and another process
     took while the server started (the server can only bind it late) is given up once for another."""
-    kind = engine["kind"]
-    if kind == "external":
-        yield Servers(list(engine["external"]["urls"]))
+    engine = EngineSettings.of(engine)
+    if not engine.server.launched:
+        yield Servers(list(engine.server.urls))
         return
     fixed = None
-    if kind == "sglang":
+    if isinstance(engine.server, SGLangServer):
         try:
-            check_model_path(engine["sglang"])
-            check_gpus(engine["sglang"])
+            check_model_path(engine.server)
+            check_gpus(engine.server)
         except RuntimeError as exc:
             raise ServerError(f"the SGLang server was not started: {exc}") from None
-        fixed = user_port([str(a) for a in engine["sglang"]["extra_args"]])
+        fixed = user_port(list(engine.server.extra_args))
         if fixed is not None and not port_free(fixed):
             raise ServerError(
                 f"the SGLang server was not started: port {fixed} (--port in engine.sglang.extra_args) is in use "
@@ -295,25 +301,25 @@ def servers(
 
 
 def _managed_server(
-    engine: dict, profile: ModelProfile, *, port: int, log_path: Path, key: str | None, streaming: bool
+    engine: EngineSettings, profile: ModelProfile, *, port: int, log_path: Path, key: str | None, streaming: bool
 ) -> ManagedServer:
     """The launched server of `engine` (kind sglang or local), listening on `port`, not yet started."""
-    timeout = float(engine["startup_timeout_s"])
-    if engine["kind"] == "sglang":
-        sglang = engine["sglang"]
+    timeout = engine.startup_timeout_s
+    sglang = engine.server
+    if isinstance(sglang, SGLangServer):
         cmd = sglang_command(
             engine, port=port, context_length=profile.context_length, api_key=key, incremental_streaming=streaming
         )
 
         def describe(code: int, tail: str) -> str:
-            return cause(code, tail, python=str(sglang["python"]), model_path=str(sglang["model_path"]))
+            return cause(code, tail, python=sglang.python, model_path=sglang.model_path)
 
         return ManagedServer(
             cmd,
             port=port,
             log_path=log_path,
             startup_timeout_s=timeout,
-            env=server_env(sglang.get("env") or {}),
+            env=server_env(sglang.env),
             describe=describe,
             label="the SGLang server",
         )

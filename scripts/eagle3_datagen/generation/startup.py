@@ -17,6 +17,8 @@ import signal
 import socket
 from pathlib import Path
 
+from eagle3_datagen.engine_settings import SGLangServer
+
 # SLURM's record of the GPUs it gave a job, shown when the job sees fewer than it needs.
 SLURM_GPU_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_JOB_GRES")
 
@@ -73,17 +75,16 @@ def visible_gpus(environ, dev: Path = Path("/dev")) -> tuple[int | None, str]:
     return (min(count, len(files)) if files else 0), f"CUDA_VISIBLE_DEVICES={visible!r}, {where}"
 
 
-def gpus_needed(sglang: dict) -> int:
+def gpus_needed(sglang: SGLangServer) -> int:
     """GPUs the server needs on this node: its tensor-parallel size, shared by `--nnodes` nodes."""
-    extra = [str(a) for a in sglang.get("extra_args") or ()]
-    nodes = int(flag_value(extra, "--nnodes") or 1)
-    return -(-int(sglang["tp_size"]) // max(nodes, 1))
+    nodes = int(flag_value(list(sglang.extra_args), "--nnodes") or 1)
+    return -(-sglang.tp_size // max(nodes, 1))
 
 
-def check_gpus(sglang: dict, environ=os.environ, dev: Path = Path("/dev")) -> None:
+def check_gpus(sglang: SGLangServer, environ=os.environ, dev: Path = Path("/dev")) -> None:
     """Refuse, before launching, an SGLang server that needs more GPUs than the job sees. A server
     told to run elsewhere (`--device cpu`, or any device but cuda) is not counted."""
-    device = flag_value([str(a) for a in sglang.get("extra_args") or ()], "--device")
+    device = flag_value(list(sglang.extra_args), "--device")
     if device not in (None, "cuda"):
         return
     needed = gpus_needed(sglang)
@@ -100,16 +101,16 @@ def check_gpus(sglang: dict, environ=os.environ, dev: Path = Path("/dev")) -> No
     else:
         asked = "it is not a SLURM job"
     raise RuntimeError(
-        f"engine.sglang.tp_size {sglang['tp_size']} needs {needed} GPU{'s' * (needed != 1)} on this node, but this "
+        f"engine.sglang.tp_size {sglang.tp_size} needs {needed} GPU{'s' * (needed != 1)} on this node, but this "
         f"job sees {seen} ({where}); {asked}. Run it on a GPU node with that many GPUs (the cluster profile's "
         "generate resources), or, for a CPU server, pass --device cpu in engine.sglang.extra_args"
     )
 
 
-def check_model_path(sglang: dict) -> None:
+def check_model_path(sglang: SGLangServer) -> None:
     """Refuse, before launching, a `model_path` shaped as a local path (not a hub id: absolute, or
     starting with ., ..  or ~) that does not exist: the server would find out only once imported."""
-    path = str(sglang["model_path"])
+    path = sglang.model_path
     if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
         raise RuntimeError(f"engine.sglang.model_path {path} does not exist (on {socket.gethostname()})")
 
