@@ -13,7 +13,7 @@ engine, after a warm-up that is not counted. --requests prompts per run (2,000),
 output tokens and more: --long-requests (400; speculators' client needs ~7 s for those already).
 
 The clients:
-  bare         bench/bare_client.py: asyncio + aiohttp, a Semaphore(concurrency), POST /generate with
+  bare         bench/_bare_client.py: asyncio + aiohttp, a Semaphore(concurrency), POST /generate with
                {input_ids, sampling_params, rid}, `await resp.json()`, the output_ids kept. The floor.
   speculators  speculators 0.9.0's own code (`speculators/cli/regenerate_responses.py`, loaded from its
                unpacked wheel by path; `datasets`, and `openai` when it is missing, are stand-ins, since
@@ -525,7 +525,7 @@ def spawn(
     setup = {**setup, "work": str(work)}
     (work / "setup.json").write_text(json.dumps(setup))
     if client.startswith("bare"):
-        cmd = [str(BENCH / "bare_client.py"), setup["requests"], setup["url"]]
+        cmd = [str(BENCH / "_bare_client.py"), setup["requests"], setup["url"]]
         cmd += ["--orjson"] if client == "bare-orjson" else []
     else:
         cmd = [str(Path(__file__).resolve()), "--worker", client, "--setup", str(work / "setup.json")]
