@@ -49,6 +49,9 @@ def write_figures(args: argparse.Namespace, figures: dict) -> None:
 def require(path: Path, what: str, target: str) -> Path:
     """`path`, or exit with one line saying which make target prepares it."""
     if not path.exists():
-        print(f"{Path(sys.argv[0]).name}: {what} is missing ({path}): run `make {target}` first", file=sys.stderr)
+        print(
+            f"{Path(sys.argv[0]).name}: {what} is missing ({path.absolute()}): run `make {target}` first",
+            file=sys.stderr,
+        )
         raise SystemExit(MISSING_INPUT)
     return path

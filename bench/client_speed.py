@@ -664,7 +664,7 @@ def report(results: dict, args, inputs: dict, canned: bool) -> list[str]:
 
 
 SMOKE = {"requests": 24, "long_requests": 8, "repeats": 1, "lengths": "256", "concurrency": 8}
-SMOKE |= {"warmup": 8, "profile_length": 0, "run_timeout": 120}
+SMOKE |= {"warmup": 8, "profile_length": 0, "run_timeout": 120, "out": "/tmp/client_speed-smoke.json"}
 
 
 def headline(results: dict, counts: dict) -> dict:

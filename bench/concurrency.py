@@ -252,7 +252,9 @@ def report(capacities: dict, runs: dict, sweep: list[int], args) -> tuple[list[s
 
 
 def main() -> None:
-    parser = BenchParser(__doc__, smoke={"requests": 24, "repeats": 1, "sweep": "16"})
+    parser = BenchParser(
+        __doc__, smoke={"requests": 24, "repeats": 1, "sweep": "16", "out": "/tmp/concurrency-smoke.json"}
+    )
     parser.add_argument("--requests", type=int, default=600, help="requests per run (a fixed c: at most 20 c)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
