@@ -7,16 +7,17 @@ environment), cut at whitespace into reasoning and answer pieces, each encoded o
 and the best of the repeats is reported.
 
     .venv/bin/python bench/check_parsers.py [--rows 2000] [--repeats 3] [--model kimi|qwen3|both]
+        [--smoke] [--figures FILE]
 """
 
-import argparse
 import json
 import random
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, BenchParser, write_figures
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from transformers import AutoTokenizer  # noqa: E402
@@ -104,7 +105,7 @@ def synthesize(tok, profile, n_rows: int, text: str, seed: int = 0, tool_share: 
     end, stop = tid("</think>"), tid("<|im_end|>")
     chat = ChatTokenizer(tok, profile)
     words = text.split(" ")
-    gens, prompts = [], []
+    gens = []
     conversations, tools_list = [], []
     for i in range(n_rows):
         conversations.append(
@@ -146,23 +147,17 @@ def synthesize(tok, profile, n_rows: int, text: str, seed: int = 0, tool_share: 
             {
                 "id": str(i),
                 "sample_index": 0,
+                "turn": 0,
                 "status": "ok",
+                "messages": json.dumps(conversations[i]),
+                "tools": json.dumps(tools_list[i]) if tools_list[i] else "",
                 "prompt_ids": prompt_ids[i],
                 "output_ids": out,
                 "finish_type": "stop",
                 "finish_matched": str(stop),
             }
         )
-        prompts.append(
-            {
-                "id": str(i),
-                "sample_index": 0,
-                "status": "ok",
-                "messages": json.dumps(conversations[i]),
-                "tools": json.dumps(tools_list[i]) if tools_list[i] else "",
-            }
-        )
-    return gens, prompts
+    return gens
 
 
 def floor(tok, gens) -> float:
@@ -172,35 +167,45 @@ def floor(tok, gens) -> float:
     return time.perf_counter() - t0
 
 
-def check(tok, profile, gens, prompts):
+def check(tok, profile, gens):
     t0 = time.perf_counter()
-    rows = parser_check.check_rows(gens, prompts, tokenizer=tok, profile=profile)
+    rows = parser_check.check_rows(gens, tokenizer=tok, profile=profile)
     return time.perf_counter() - t0, rows
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = BenchParser(__doc__, smoke={"rows": 20, "repeats": 1})
     ap.add_argument("--rows", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", choices=["kimi", "qwen3", "both"], default="both")
     args = ap.parse_args()
     text = real_text()
+    models = {}
     for name, (path, profile) in profiles().items():
         if args.model not in (name, "both"):
             continue
         tok = AutoTokenizer.from_pretrained(str(path))
-        gens, prompts = synthesize(tok, profile, args.rows, text)
+        gens = synthesize(tok, profile, args.rows, text)
         n_tokens = sum(len(g["output_ids"]) for g in gens)
         floors, checks, rows = [], [], None
         for _ in range(args.repeats):
             floors.append(floor(tok, gens))
-            seconds, rows = check(tok, profile, gens, prompts)
+            seconds, rows = check(tok, profile, gens)
             checks.append(seconds)
         f, c = min(floors), min(checks)
         print(f"{name}: {len(gens)} rows, {n_tokens} output tokens, verdicts {parser_check.counts(rows)}")
         print(f"  floor (batch_decode + encode_batch): {f:.2f} s, {n_tokens / f:,.0f} tokens/s")
         print(f"  check_rows:                          {c:.2f} s, {n_tokens / c:,.0f} tokens/s")
         print(f"  ratio check/floor speed:             {f / c:.2f}x")
+        models[name] = {
+            "rows": len(gens),
+            "output_tokens": n_tokens,
+            "floor_s": round(f, 3),
+            "check_rows_s": round(c, 3),
+            "check_rows_over_floor": round(f / c, 3),
+            "verdicts": parser_check.counts(rows),
+        }
+    write_figures(args, {"rows": args.rows, "repeats": args.repeats, "models": models})
     return 0
 
 

@@ -7,7 +7,6 @@ journal on and off, so both see the same machine state; the report gives each fi
     .venv/bin/python bench/client_journal.py [--requests 2000] [--repeats 3]
 """
 
-import argparse
 import asyncio
 import statistics
 import sys
@@ -15,7 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, BenchParser, write_figures
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from client_load import engine  # noqa: E402  (the same scripted engine as the load benchmark)
@@ -58,7 +58,7 @@ def run_once(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchParser(__doc__, smoke={"requests": 20, "repeats": 1})
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=32)
@@ -91,6 +91,12 @@ def main() -> None:
     print(
         f"ratio on/off  {med(on, 'rps') / med(off, 'rps'):>9.2f}x{med(on, 'tps') / med(off, 'tps'):>11.2f}x{med(on, 'cpu_per_1000') / med(off, 'cpu_per_1000'):>25.2f}x"
     )
+    runs = {
+        name: {k: round(med(r, k), 4) for k in ("rps", "tps", "cpu_per_1000")}
+        for name, r in (("journal_off", off), ("journal_on", on))
+    }
+    ratio = round(runs["journal_on"]["cpu_per_1000"] / runs["journal_off"]["cpu_per_1000"], 3)
+    write_figures(args, {"requests": args.requests, "repeats": args.repeats, **runs, "cpu_on_over_off": ratio})
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ Every client run writes the journal, as the pipeline's generate rule does.
     .venv/bin/python bench/client_load.py [--requests 2000] [--repeats 3] [--part a|b|c|all]
 """
 
-import argparse
 import asyncio
 import json
 import statistics
@@ -51,7 +50,8 @@ from pathlib import Path
 
 import aiohttp  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, BenchParser, write_figures  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir  # noqa: E402
@@ -439,8 +439,24 @@ def multi_turn_run(url: str, builder, rows: list[dict], tmp: Path, concurrency: 
     return out
 
 
+SMOKE = {
+    **{"requests": 24, "long_requests": 4, "long_tokens": 512, "repeats": 1, "concurrency": 4},
+    **{"latency_ms": "5:20", "occupancy_requests": 24, "occupancy_long_requests": 6, "long_concurrency": 2},
+    **{"conversations": 8, "turns": 2},
+}
+
+
+def medians(runs: list[dict]) -> dict:
+    """The median of each numeric figure over the repeats."""
+    return {
+        k: round(statistics.median(r[k] for r in runs), 4)
+        for k, v in runs[0].items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchParser(__doc__, smoke=SMOKE)
     parser.add_argument("--part", choices=("a", "b", "c", "both", "all"), default="all", help="both: a and b")
     parser.add_argument("--requests", type=int, default=2000, help="requests per run of (a), short answers")
     parser.add_argument("--long-requests", type=int, default=300, help="requests per run of (a), long answers")
@@ -470,6 +486,7 @@ def main() -> None:
     short_template = RequestTemplate(dict(SAMPLING), stop, len(tokenizer))
     long_template = RequestTemplate({**SAMPLING, "ignore_eos": True}, stop, len(tokenizer))
     c = args.concurrency
+    figures = {"repeats": args.repeats, "concurrency": c, "throughput": None, "occupancy": None, "multi_turn": None}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         if args.part in ("a", "both", "all"):
@@ -515,6 +532,11 @@ def main() -> None:
                 f"client CPU: {base:.3f} ms per request + {per_tok * 1000:.3f} ms per 1,000 output tokens (one core: at most {1 / per_tok / 1000:.2f} M output tok/s);"
                 " '1-core limit' = 1000 / (CPU s per 1,000 requests)"
             )
+            figures["throughput"] = {
+                **{name: medians(r) for name, r in runs.items()},
+                "cpu_ms_per_request": round(base, 4),
+                "cpu_ms_per_1k_output_tokens": round(per_tok * 1000, 4),
+            }
             print()
         if args.part in ("b", "both", "all"):
             rates = [float(x) for x in args.server_rps.split(",")]
@@ -567,6 +589,7 @@ def main() -> None:
                 "goal: share at c >= 99 %. 'at R req/s' = 1 - R x gap: the share expected when a server finishes R requests/s"
             )
             print()
+            figures["occupancy"] = {name: medians(r) for name, r in occ.items()}
             print("client CPU per request, by step (one real answer, median of 200 runs, ms):")
             names = [k for k in breakdown["short"] if k not in ("n_output", "answer_kb")]
             print(f"{'answers':16}{'out tok':>8}{'answer KiB':>11}" + "".join(f"{n:>28}" for n in names))
@@ -633,10 +656,13 @@ def main() -> None:
                     statistics.median(r[key + "_gap_ms"] for r in runs["single"]), 1e-9
                 )
                 print(f"gap per request, {key}: multi-turn / single-turn = {ratio:.2f}x")
+                runs[f"{key}_gap_multi_over_single"] = round(ratio, 4)
             print(
                 "goal: share at c >= 99 % while work remains; 'next turn ms': the follow-up's CPU (decode, parse, render, "
                 "tokenize) per answer; 'at R req/s' = 1 - R x gap"
             )
+            figures["multi_turn"] = {k: medians(v) if isinstance(v, list) else v for k, v in runs.items()}
+    write_figures(args, figures)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ engine, after a warm-up that is not counted. --requests prompts per run (2,000),
 output tokens and more: --long-requests (400; speculators' client needs ~7 s for those already).
 
 The clients:
-  bare         bench/bare_client.py: asyncio + aiohttp, a Semaphore(concurrency), POST /generate with
+  bare         bench/_bare_client.py: asyncio + aiohttp, a Semaphore(concurrency), POST /generate with
                {input_ids, sampling_params, rid}, `await resp.json()`, the output_ids kept. The floor.
   speculators  speculators 0.9.0's own code (`speculators/cli/regenerate_responses.py`, loaded from its
                unpacked wheel by path; `datasets`, and `openai` when it is missing, are stand-ins, since
@@ -37,7 +37,7 @@ The clients:
                the journal, the server checks and provenance, the client with journal (flushed, fsync'd
                in batches), retries, progress logging to the job's log file, and the Parquet generations
                table. A completion is stamped by a wrapper around `Journal.append`; the first request by
-               a wrapper around `GenerateClient._post` (removed after the first call).
+               a wrapper around aiohttp's `ClientSession.post` (removed after the first /generate).
   bare-orjson  (only with --clients) the bare client parsing answers with orjson: a stricter floor.
 
 Figures, per client and run:
@@ -83,7 +83,8 @@ import tempfile  # noqa: E402
 from contextlib import contextmanager, nullcontext  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, BenchParser, require, write_figures  # noqa: E402
+
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -297,7 +298,9 @@ def speculators_worker(args, setup: dict) -> dict:
 
 
 def project_worker(args, setup: dict) -> dict:
-    from eagle3_datagen.generation.client import GenerateClient
+    import aiohttp
+
+    import eagle3_datagen.generation.client  # noqa: F401  (the client's imports counted with the others)
     from eagle3_datagen.generation.journal import Journal
     from eagle3_datagen.steps.generate import generate
     from eagle3_datagen.storage.tables import read_provenance
@@ -309,21 +312,21 @@ def project_worker(args, setup: dict) -> dict:
     stamps: list[float] = []
     cpus: list[float] = []
     first: list[float] = []
-    real_append, real_post = Journal.append, GenerateClient._post
+    real_append, real_post = Journal.append, aiohttp.ClientSession.post
 
     def append(self, entry):
         real_append(self, entry)
         stamps.append(time.monotonic())
         cpus.append(time.process_time())
 
-    def post(self, *a, **kw):
-        if not first:
+    def post(self, url, *a, **kw):
+        if not first and str(url).endswith("/generate"):
             first.append(time.monotonic())
-            GenerateClient._post = real_post
-        return real_post(self, *a, **kw)
+            aiohttp.ClientSession.post = real_post
+        return real_post(self, url, *a, **kw)
 
     Journal.append = append
-    GenerateClient._post = post
+    aiohttp.ClientSession.post = post
     table = work / "results" / "generations" / "bench" / "shard_0.parquet"
     kwargs = dict(
         prompts=Path(setup["prompts"]),
@@ -525,7 +528,7 @@ def spawn(
     setup = {**setup, "work": str(work)}
     (work / "setup.json").write_text(json.dumps(setup))
     if client.startswith("bare"):
-        cmd = [str(BENCH / "bare_client.py"), setup["requests"], setup["url"]]
+        cmd = [str(BENCH / "_bare_client.py"), setup["requests"], setup["url"]]
         cmd += ["--orjson"] if client == "bare-orjson" else []
     else:
         cmd = [str(Path(__file__).resolve()), "--worker", client, "--setup", str(work / "setup.json")]
@@ -660,8 +663,33 @@ def report(results: dict, args, inputs: dict, canned: bool) -> list[str]:
     return lines
 
 
+SMOKE = {"requests": 24, "long_requests": 8, "repeats": 1, "lengths": "256", "concurrency": 8}
+SMOKE |= {"warmup": 8, "profile_length": 0, "run_timeout": 120, "out": "/tmp/client_speed-smoke.json"}
+
+
+def headline(results: dict, counts: dict) -> dict:
+    """Per output length: each client's median steady req/s and CPU ms per request, and the project's
+    rate over each other client's (the median of the per-repeat ratios)."""
+    out = {}
+    for length, runs in results.items():
+        figs = {client: [figures(r) for r in reps] for client, reps in runs.items()}
+        per = {
+            client: {
+                "steady_rps": round(statistics.median(f["steady_rps"] for f in fs), 2),
+                "cpu_ms_steady": round(statistics.median(f["cpu_ms_steady"] for f in fs), 4),
+            }
+            for client, fs in figs.items()
+        }
+        for client, fs in figs.items():
+            if client != "project":
+                ratios = [p["steady_rps"] / f["steady_rps"] for p, f in zip(figs["project"], fs)]
+                per[client]["project_over_client"] = round(statistics.median(ratios), 3)
+        out[str(length)] = {"requests": counts[length], **per}
+    return out
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchParser(__doc__, smoke=SMOKE)
     parser.add_argument("--requests", type=int, default=2000, help="requests per run below 32,768 output tokens")
     parser.add_argument("--long-requests", type=int, default=400, help="requests per run at 32,768 output tokens")
     parser.add_argument("--repeats", type=int, default=3)
@@ -704,6 +732,8 @@ def main() -> None:
     args.clients = args.clients.split(",")
     if "project" not in args.clients or not set(args.clients) <= set(CLIENTS):
         raise SystemExit(f"--clients: some of {', '.join(CLIENTS)}, the project among them")
+    if "speculators" in args.clients:
+        require(SPECULATORS / "speculators" / "cli" / "regenerate_responses.py", "speculators' wheel", "oracles")
     counts = {length: args.long_requests if length >= 32768 else args.requests for length in lengths}
     canned = {"on": True, "off": False}.get(args.canned)
     if canned is None:
@@ -789,8 +819,11 @@ def main() -> None:
         "profile": profile_text,
         "elapsed_s": time.monotonic() - started,
     }
-    Path(args.out).write_text(json.dumps(raw))
+    Path(args.out).write_text(json.dumps(raw, default=str))
     print(f"\nraw figures: {args.out}; whole run {time.monotonic() - started:.0f} s")
+    write_figures(
+        args, {"canned": canned, "lengths": headline(results, counts), "elapsed_s": round(time.monotonic() - started)}
+    )
 
 
 if __name__ == "__main__":

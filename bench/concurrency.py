@@ -42,7 +42,6 @@ figures are medians over --repeats. Raw figures, auto's timelines included, go t
         [--sweep 4,8,16,24,32,48,64,96,128,256] [--out /tmp/concurrency.json]
 """
 
-import argparse
 import asyncio
 import json
 import math
@@ -54,7 +53,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, BenchParser, write_figures
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import client_load  # noqa: E402
@@ -252,7 +252,9 @@ def report(capacities: dict, runs: dict, sweep: list[int], args) -> tuple[list[s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchParser(
+        __doc__, smoke={"requests": 24, "repeats": 1, "sweep": "16", "out": "/tmp/concurrency-smoke.json"}
+    )
     parser.add_argument("--requests", type=int, default=600, help="requests per run (a fixed c: at most 20 c)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
@@ -320,8 +322,17 @@ def main() -> None:
         "summary": {n: {**s, "tps": {label(c): v for c, v in s["tps"].items()}} for n, s in summary.items()},
         "runs": {n: {label(c): rs for c, rs in by.items()} for n, by in runs.items()},
     }
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    Path(args.out).write_text(json.dumps(out, indent=1, default=str))
     print(f"raw results: {args.out}")
+    write_figures(
+        args,
+        {
+            "requests": args.requests,
+            "repeats": args.repeats,
+            "capacities": out["summary"],
+            "total_s": round(total, 1),
+        },
+    )
 
 
 if __name__ == "__main__":

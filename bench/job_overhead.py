@@ -11,7 +11,6 @@ so its wall time is its fixed cost: interpreter start, imports, config, tokenize
     .venv/bin/python bench/job_overhead.py [--repeats 5] [--rows 5] [--tokenizer qwen3|kimi]
 """
 
-import argparse
 import json
 import shutil
 import statistics
@@ -21,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, BenchParser, write_figures
+
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "tests" / "integration")]
 
 from workdir import Workdir  # noqa: E402
@@ -36,7 +36,7 @@ def timed(cmd: list[str], cwd: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = BenchParser(__doc__, smoke={"repeats": 1, "rows": 2})
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rows", type=int, default=5)
     parser.add_argument("--tokenizer", choices=("qwen3", "kimi"), default="qwen3")
@@ -78,6 +78,10 @@ def main() -> None:
     for name, ts in sorted(times.items(), key=lambda kv: -statistics.median(kv[1])):
         m = statistics.median(ts)
         print(f"{name:20}{m:>8.2f}{m / b:>24.2f}")
+    figures = {"tokenizer": args.tokenizer, "rows": args.rows, "repeats": args.repeats}
+    figures |= {"whole_workflow_s": round(whole, 2), "import_transformers_s": round(b, 3)}
+    figures["job_s"] = {name: round(statistics.median(ts), 3) for name, ts in sorted(times.items())}
+    write_figures(args, figures)
 
 
 if __name__ == "__main__":

@@ -31,20 +31,20 @@ The scripted engine writes long answers from copies of one paragraph, each turne
 (`AnswerScript.long_words`), so no loop-free answer repeats with any period for long.
 
     .venv/bin/python bench/live_stop.py [--requests 60] [--budget 32768] [--loop-share 0.2]
-        [--step-ms 0.2] [--stream-interval 32] [--out /tmp/live_stop.json]
+        [--step-ms 0.2] [--stream-interval 32] [--smoke] [--figures /tmp/live_stop.json]
 """
 
-import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, BenchParser, write_figures
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from eagle3_datagen.engine.server.state import read_record  # noqa: E402
 from eagle3_datagen.generation.client import GenerateClient  # noqa: E402
 from eagle3_datagen.generation.requests import Request, RequestTemplate, parse_rid  # noqa: E402
 from eagle3_datagen.generation.servers import ManagedServer, free_port  # noqa: E402
@@ -57,8 +57,8 @@ from eagle3_datagen.settings import ClientSettings  # noqa: E402
 PROMPT_WORDS = "Explain how a heap keeps its order after an insertion, step by step, for case {i}."
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args():
+    p = BenchParser(__doc__, smoke={"requests": 6, "budget": 4096, "loop_share": 0.5})
     p.add_argument("--requests", type=int, default=60)
     p.add_argument("--budget", type=int, default=32768, help="max_new_tokens of every request")
     p.add_argument("--loop-share", type=float, default=0.2)
@@ -69,7 +69,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stream-interval", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--cores", help="two cores: engine,client (default: the first two allowed)")
-    p.add_argument("--out", type=Path, help="write the figures here as JSON")
     return p.parse_args()
 
 
@@ -108,20 +107,18 @@ def run_client(url: str, template: RequestTemplate, reqs: list[Request], concurr
     failed = [r["error"] for r in results.values() if r["status"] != "ok"]
     if failed:
         raise SystemExit(f"{len(failed)} requests failed: {failed[:3]}")
-    return {"nonce": client.run_nonce, "results": {k[0]: r for k, r in results.items()}, "cpu_s": cpu, "wall_s": wall}
+    return {"nonce": client.run_nonce, "results": dict(results), "cpu_s": cpu, "wall_s": wall}
 
 
 def engine_tokens(record: Path) -> dict:
     """Per run nonce, per row: (output tokens generated, the loop's onset where the engine made it loop)."""
     out: dict = {}
-    with open(record) as fh:
-        for line in fh:
-            r = json.loads(line)
-            if r.get("status") != 200 or not r.get("rid"):
-                continue
-            (row, _, _), nonce, _ = parse_rid(r["rid"])
-            loop = r.get("loop")
-            out.setdefault(nonce, {})[row] = (len(r["output_ids"]), None if loop is None else int(loop["onset"]))
+    for r in read_record(record):
+        if r.get("status") != 200 or not r.get("rid"):
+            continue
+        sent = parse_rid(r["rid"])
+        loop = r.get("loop")
+        out.setdefault(sent.nonce, {})[sent.row] = (len(r["output_ids"]), None if loop is None else int(loop["onset"]))
     return out
 
 
@@ -217,9 +214,7 @@ def main() -> None:
         "problems": problems,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
-    print(json.dumps(summary, indent=2))
-    if args.out:
-        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    write_figures(args, summary)
     if problems:
         raise SystemExit(1)
 

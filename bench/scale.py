@@ -29,24 +29,24 @@ answers (`turns: all`), with their real lengths, languages and quirks:
         --max-new-tokens 4096 --out bench/scale_real.json
 """
 
-import argparse
 import csv
 import json
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, BenchParser, require, write_figures
+
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT / "tests" / "integration")]
 
 from workdir import Workdir  # noqa: E402
 
 from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir  # noqa: E402
+from eagle3_datagen.runner import logged_peak_rss  # noqa: E402
 
 # Rules in DAG order, their job's name in benchmarks/ and logs/, and the baseline each is set against:
 # the plain copy of the table it reads.
@@ -62,7 +62,6 @@ RULES = [
     ("summarize", "summarize", "generations: stream copy"),
     ("plot_checks", "plot_checks", "generations: stream copy"),
 ]
-PEAK = re.compile(r"done in [0-9.]+ s, peak RSS (\d+) MB(?: \(largest child process (\d+) MB\))?")
 LOCAL = {name for name, _, _ in RULES} - {"generate"}
 
 TOPICS = ("the integral", "a binary tree", "the French revolution", "a SQL join", "photosynthesis", "a sonnet")
@@ -116,11 +115,11 @@ def run_dag(path: Path, rows: int | Path, answer_tokens: str, max_new_tokens: in
             row = next(csv.DictReader(fh, delimiter="\t"))
         # The step's own peak (getrusage, exact) from its log; Snakemake samples max_rss (every 30 s
         # after the first 30) over the job's process tree.
-        peak = PEAK.search((path / "logs" / f"{job}.log").read_text())
+        own, child = logged_peak_rss((path / "logs" / f"{job}.log").read_text())
         jobs[name] = {
             "s": float(row["s"]),
-            "peak_rss_mb": float(peak.group(1)),
-            "child_peak_rss_mb": float(peak.group(2) or 0),
+            "peak_rss_mb": own,
+            "child_peak_rss_mb": child,
             "snakemake_max_rss_mb": float(row["max_rss"]) if row["max_rss"] != "NA" else None,
         }
     found = sizes(path)
@@ -251,13 +250,14 @@ def projection(run: dict, project_rows: int, project_tokens: int) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    smoke = {"rows": 12, "small": 0, "answer_tokens": "50:200", "max_new_tokens": 512, "out": None}
+    parser = BenchParser(__doc__, smoke={**smoke, "dir": Path("/tmp/eagle3-scale-smoke")})
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--small", type=int, default=2_000, help="rows of a first, small run (0: none)")
     parser.add_argument("--answer-tokens", default="1000:16000")
     parser.add_argument("--max-new-tokens", type=int, default=16384)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/eagle3-scale"))
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "scale.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "scale.json", help="every figure, JSON")
     parser.add_argument("--keep", action="store_true", help="keep the working directories")
     parser.add_argument("--project-rows", type=int, default=88_000)
     parser.add_argument("--project-tokens", type=int, default=10_000)
@@ -268,6 +268,8 @@ def main() -> None:
         "runs on it, every turn regenerated, instead of on --rows synthetic rows (no --small run)",
     )
     args = parser.parse_args()
+    if args.real:
+        require(args.real, "the real prompt file", "realdata")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     results = {"args": {k: str(v) for k, v in vars(args).items()}}
     small = None
@@ -286,12 +288,16 @@ def main() -> None:
     results["baselines"] = base = baselines(run)
     results["table"] = table(run, base, small)
     results["projection"] = projection(run, args.project_rows, args.project_tokens)
-    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(results["table"])
     print()
     print(results["projection"])
     if not args.keep:
         shutil.rmtree(run["path"])
+    jobs = {name: {"s": j["s"], "peak_rss_mb": j["peak_rss_mb"]} for name, j in run["jobs"].items()}
+    figures = {k: run[k] for k in ("rows", "prompt_tokens", "output_tokens")}
+    write_figures(args, {**figures, "jobs": jobs, "baselines": base, "small_rows": small["rows"] if small else None})
 
 
 if __name__ == "__main__":

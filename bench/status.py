@@ -13,9 +13,9 @@ another node holds it. Measured in the same run, best of --repeats:
                      status that read the journals would pay
 
     .venv/bin/python bench/status.py [--rows 100000] [--tokens 1000] [--categories 4] [--shards 4]
+        [--smoke] [--figures FILE]
 """
 
-import argparse
 import json
 import os
 import random
@@ -25,12 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import orjson
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, BenchParser, write_figures
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from eagle3_datagen.generation.journal import Journal  # noqa: E402
 from eagle3_datagen.generation.progress import ShardProgress  # noqa: E402
 from eagle3_datagen.steps import status  # noqa: E402
 from eagle3_datagen.storage.layout import journal_path, path  # noqa: E402
@@ -55,19 +56,20 @@ def build(root: Path, rows: int, tokens: int, categories: int, shards: int, tail
             plan_file.write_text(json.dumps(plan))
             journal = root / journal_path("cache", name, shard, shards)
             journal.parent.mkdir(parents=True, exist_ok=True)
-            with open(journal, "wb") as fh:
+            # Written by the journal itself, as the client writes it (no fsync: the page cache is what
+            # status reads from here).
+            with Journal(journal, sync_every=1 << 62, sync_interval_s=float("inf")) as writer:
                 for i in range(per_shard - tail):
-                    fh.write(_entry(rng, name, shard, i, tokens))
-            progress = ShardProgress(journal, category=name, shard=shard, shards=shards, plan=plan)
-            progress.update({"done": per_shard - tail, "output_tokens": (per_shard - tail) * tokens}, force=True)
-            with open(journal, "ab") as fh:
+                    writer.append(_entry(rng, name, shard, i, tokens))
+                progress = ShardProgress(journal, category=name, shard=shard, shards=shards, plan=plan)
+                progress.update({"done": per_shard - tail, "output_tokens": (per_shard - tail) * tokens}, force=True)
                 for i in range(per_shard - tail, per_shard):
-                    fh.write(_entry(rng, name, shard, i, tokens))
+                    writer.append(_entry(rng, name, shard, i, tokens))
             journals.append(journal)
     return journals
 
 
-def _entry(rng: random.Random, name: str, shard: int, i: int, tokens: int) -> bytes:
+def _entry(rng: random.Random, name: str, shard: int, i: int, tokens: int) -> dict:
     ids = [rng.randrange(150_000) for _ in range(rng.randint(tokens // 2, tokens * 3 // 2))]
     entry = {
         "id": f"{name}-{shard}-{i}",
@@ -78,7 +80,7 @@ def _entry(rng: random.Random, name: str, shard: int, i: int, tokens: int) -> by
         "finish_type": "stop",
         "meta_info": {"prompt_tokens": 300, "completion_tokens": len(ids)},
     }
-    return orjson.dumps(entry) + b"\n"
+    return entry
 
 
 def hold_locks(journals: list[Path]) -> subprocess.Popen:
@@ -112,7 +114,7 @@ def count_lines(journals: list[Path]) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = BenchParser(__doc__, smoke={"rows": 400, "tokens": 50, "categories": 2, "shards": 2, "repeats": 1})
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--tokens", type=int, default=1000)
     parser.add_argument("--categories", type=int, default=4)
@@ -145,6 +147,9 @@ def main() -> None:
     print(f"status command:       {cli * 1000:8.1f} ms")
     print(f"baseline (read once): {baseline * 1000:8.1f} ms")
     print(f"status / baseline:    {in_process / baseline:8.4f}  (command: {cli / baseline:.3f})")
+    figures = {"rows": done, "journals": len(journals), "journal_bytes": size, "status_s": round(in_process, 4)}
+    figures |= {"command_s": round(cli, 4), "baseline_s": round(baseline, 4)}
+    write_figures(args, figures | {"status_over_baseline": round(in_process / baseline, 4)})
 
 
 if __name__ == "__main__":

@@ -16,10 +16,10 @@ All files are written in the same run, from the same rows:
 Tokens are prompt + output tokens of every row; each figure is also given relative to the
 generations Parquet.
 
-    .venv/bin/python bench/storage.py [--rows 2000] [--prompt-tokens 300] [--repeats 3]
+    .venv/bin/python bench/storage.py [--rows 2000] [--prompt-tokens 300] [--repeats 3] [--smoke]
+        [--figures FILE]
 """
 
-import argparse
 import json
 import random
 import statistics
@@ -28,12 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, BenchParser, write_figures
+from check_parsers import real_text  # bench/check_parsers.py: imported before scripts/ (its rule script) is on the path
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from check_parsers import real_text  # noqa: E402  (bench/ is on the path of a bench script)
 from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir  # noqa: E402
-from eagle3_datagen.settings import ModelProfile  # noqa: E402
+from eagle3_datagen.settings import DEFAULT_MODE, ModelProfile  # noqa: E402
 from eagle3_datagen.steps.export_dataset import DATASET_SCHEMA, write_jsonl  # noqa: E402
 from eagle3_datagen.storage.tables import GENERATIONS_SCHEMA, write_table  # noqa: E402
 from eagle3_datagen.storage.trainer_rows import dataset_row  # noqa: E402
@@ -51,9 +52,8 @@ def synthesize(tok, n_rows: int, prompt_tokens: int, seed: int = 0) -> list[dict
     )
     starts = [rng.randrange(len(stream) - prompt_tokens) for _ in range(n_rows)]
     questions = [tok.decode(stream[s : s + prompt_tokens - 20]) for s in starts]
-    prompts = ChatTokenizer(tok, profile).tokenize(
-        [[{"role": "user", "content": q}] for q in questions], [None] * n_rows
-    )
+    conversations = [[{"role": "user", "content": q}] for q in questions]
+    prompts = ChatTokenizer(tok, profile).tokenize(conversations, [None] * n_rows)
     sampling = json.dumps(
         {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": 0.0, "repetition_penalty": 1.0}, sort_keys=True
     )
@@ -68,7 +68,11 @@ def synthesize(tok, n_rows: int, prompt_tokens: int, seed: int = 0) -> list[dict
             {
                 "id": f"chat-{i:06d}",
                 "sample_index": 0,
+                "turn": 0,
+                "mode": DEFAULT_MODE,
                 "category": "chat",
+                "messages": json.dumps(conversations[i]),
+                "tools": "",
                 "prompt_ids": prompts[i].prompt_ids,
                 "output_ids": output,
                 "finish_type": "stop",
@@ -76,6 +80,8 @@ def synthesize(tok, n_rows: int, prompt_tokens: int, seed: int = 0) -> list[dict
                 "completion_tokens": len(output),
                 "cached_tokens": rng.choice((0, 0, 16, 32)),
                 "e2e_latency": rng.uniform(30.0, 900.0),
+                "num_retractions": 0,
+                "queue_time": rng.uniform(0.0, 2.0),
                 "sampling": sampling,
                 "seed": rng.randrange(2**31 - 1),
                 "max_new_tokens": 32768,
@@ -88,7 +94,7 @@ def synthesize(tok, n_rows: int, prompt_tokens: int, seed: int = 0) -> list[dict
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = BenchParser(__doc__, smoke={"rows": 20, "repeats": 1})
     ap.add_argument("--rows", type=int, default=2000)
     ap.add_argument("--prompt-tokens", type=int, default=300)
     ap.add_argument("--repeats", type=int, default=3, help="timed writes per format (sizes do not vary)")
@@ -126,6 +132,16 @@ def main() -> int:
             f"{name:28}{sizes[name] / 2**20:>9.1f}{sizes[name] / tokens:>13.2f}{sizes[name] / base:>11.2f}x{statistics.median(seconds[name]):>9.2f}"
         )
     print(f"raw int32 ids for reference: 4.00 bytes/token; write s: median of {args.repeats}")
+    stores = {
+        name: {
+            "bytes": sizes[name],
+            "bytes_per_token": round(sizes[name] / tokens, 3),
+            "over_generations_parquet": round(sizes[name] / base, 3),
+            "write_s": round(statistics.median(seconds[name]), 3),
+        }
+        for name in writers
+    }
+    write_figures(args, {"rows": len(rows), "tokens": tokens, "stores": stores})
     return 0
 
 

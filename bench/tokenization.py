@@ -27,7 +27,6 @@ loop are compared on every row without literal control text (where they must agr
     .venv/bin/python bench/tokenization.py [--rows 5000] [--repeats 3] [--model kimi|qwen3|tiktoken|all]
 """
 
-import argparse
 import hashlib
 import random
 import statistics
@@ -35,7 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, BenchParser, write_figures
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from eagle3_datagen.demo import model as demo_model  # noqa: E402
@@ -152,7 +152,7 @@ def naive(tok, profile: ModelProfile, rows: list[PromptRow]) -> tuple[float, lis
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = BenchParser(__doc__, smoke={"rows": 40, "repeats": 1})
     ap.add_argument("--rows", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--model", choices=["kimi", "qwen3", "tiktoken", "all"], default="all")
@@ -167,6 +167,7 @@ def main() -> int:
     print(
         f"{'tokenizer':10}{'prompt tok':>11}{'step':>21}{'seconds':>9}{'(min-max)':>13}{'prompts/s':>11}{'vs floor':>10}"
     )
+    models = {}
     for name, profile in profiles().items():
         if args.model not in (name, "all"):
             continue
@@ -208,6 +209,12 @@ def main() -> int:
         print(
             f"{'':10}one-off: TextOnlyEncoder(tokenizer) {statistics.median(text_only):.2f} s, built by a ChatTokenizer at its first row with literal control text"
         )
+        models[name] = {
+            "prompt_tokens": n_tokens,
+            "floor_prompts_per_s": round(len(rows) / base, 1),
+            "over_floor": {step: round(base / statistics.median(ts), 3) for step, ts in times.items()},
+            "ids_differing": mismatched,
+        }
         print(
             f"{'':10}ids: {mismatched} of {len(rows) - literal} rows differ from the naive loop ({literal} rows hold literal control text, encoded as text by ChatTokenizer)"
         )
@@ -217,6 +224,7 @@ def main() -> int:
     print(
         "as each tokenize_prompts job makes (per-prompt cost plus one-off set-up); build_prompt_rows: cold, the whole table step"
     )
+    write_figures(args, {"rows": len(rows), "repeats": args.repeats, "models": models})
     return 0
 
 

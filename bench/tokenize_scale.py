@@ -13,7 +13,6 @@ plus `encode_batch` of every whole conversation.
     .venv/bin/python bench/tokenize_scale.py [--sizes 2500,5000,10000,20000]
 """
 
-import argparse
 import json
 import random
 import subprocess
@@ -22,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, BenchParser, write_figures
+
 sys.path.insert(0, str(ROOT / "scripts"))
 
 CHILD = r"""
@@ -102,10 +102,11 @@ def run(code: str, *args) -> dict:
 def main() -> None:
     import orjson
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchParser(__doc__, smoke={"sizes": "20,40"})
     parser.add_argument("--sizes", default="2500,5000,10000,20000")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    runs, floor_figures = [], None
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         print(
@@ -128,12 +129,15 @@ def main() -> None:
                     f"{n:>7}{turns:>6}{r['wall_s']:>9.1f}{n / r['wall_s']:>9.0f}{r['wall_s'] / n * 1000:>15.2f}"
                     f"{r['peak_mb']:>13.0f}{r['wall_s'] / parse_s:>9.1f}x{vs_floor}"
                 )
+                runs.append({"rows": n, "turns": turns, **r, "parse_s": round(parse_s, 3)})
             if floor:
                 print(
                     f"floor at {n} rows: {floor['wall_s']:.1f} s for {floor['tokens'] / 1e6:.1f} M prompt tokens "
                     f"({floor['tokens'] / n:.0f} per conversation); JSONL parse: {parse_s:.1f} s "
                     f"({source.stat().st_size / 1e6:.0f} MB)"
                 )
+                floor_figures = {"rows": n, **floor}
+    write_figures(args, {"runs": runs, "floor": floor_figures})
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ the fixed cost (interpreter, Snakemake, Snakefile, config validation) is in the 
     .venv/bin/python bench/workflow_overhead.py [--categories 100] [--repeats 3]
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -23,7 +22,8 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from _harness import ROOT, BenchParser, write_figures
+
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 
@@ -69,7 +69,7 @@ def dry_run(path: Path) -> tuple[float, int]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = BenchParser(__doc__, smoke={"categories": 3, "repeats": 1})
     ap.add_argument("--categories", type=int, default=100)
     ap.add_argument("--rows", type=int, default=2, help="prompts per category file")
     ap.add_argument("--repeats", type=int, default=3)
@@ -97,6 +97,9 @@ def main() -> int:
     print(
         f"per category: {per * 1000:.0f} ms ({(t_many - t_one) / max(jobs['many'] - jobs['one'], 1) * 1000:.1f} ms per planned job)"
     )
+    figures = {"categories": args.categories, "repeats": args.repeats, "jobs_one": jobs["one"]}
+    figures |= {"jobs_many": jobs["many"], "one_s": round(t_one, 3), "many_s": round(t_many, 3)}
+    write_figures(args, figures | {"per_category_ms": round(per * 1000, 1)})
     return 0
 
 

@@ -13,6 +13,7 @@ once with its traceback and re-raised, so the job fails.
 import argparse
 import inspect
 import logging
+import re
 import resource
 import time
 import types
@@ -55,6 +56,16 @@ def peak_rss() -> str:
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     text = f"peak RSS {own:.0f} MB"
     return text + (f" (largest child process {children:.0f} MB)" if children else "")
+
+
+_PEAK_LINE = re.compile(r" done in [0-9.]+ s, peak RSS (\d+) MB(?: \(largest child process (\d+) MB\))?")
+
+
+def logged_peak_rss(log_text: str) -> tuple[float, float] | None:
+    """The peak RSS in MB (the step's own, its largest finished child's or 0) that `run` logged when
+    the step ended, read from the step's log; None if it did not end."""
+    found = _PEAK_LINE.search(log_text)
+    return None if found is None else (float(found.group(1)), float(found.group(2) or 0))
 
 
 def _parameters(step: Callable) -> list[inspect.Parameter]:

@@ -175,3 +175,12 @@ def test_optional_annotations_are_converted_like_their_type():
     assert _convert(None, Path | None) is None
     assert _convert("3", int | None) == 3
     assert _convert(["a", "b"], list[Path] | None) == [Path("a"), Path("b")]
+
+
+def test_the_peak_rss_a_step_logs_is_read_back_from_its_log(tmp_path):
+    log = tmp_path / "logs" / "x.log"
+    assert runner.logged_peak_rss(log.read_text() if log.exists() else "") is None
+    runner.run(step, job(tmp_path))
+    own, child = runner.logged_peak_rss(log.read_text())
+    assert own > 10 and child >= 0
+    assert runner.logged_peak_rss("s done in 2.0 s, peak RSS 402 MB (largest child process 451 MB)") == (402, 451)

@@ -372,7 +372,9 @@ def test_a_rid_names_its_row_and_turn_whatever_the_id():
     for row_id, sample, turn in cases:
         for mode in ("default", "instant", "think-hi_2"):
             req = Request(row_id, sample, [1], 4, 0, turn=turn, mode=mode)
-            assert parse_rid(f"{req.label}.9f3a.2") == ((row_id, sample, turn, mode), "9f3a", 2)
+            sent = parse_rid(req.rid("9f3a", 2))
+            assert sent == ((row_id, sample, turn, mode), "9f3a", 2)
+            assert (sent.row, sent.nonce, sent.attempt) == (req.key, "9f3a", 2)
     # One conversation in two modes: two requests, two rids.
     assert Request("x", 0, [1], 4, 0, mode="thinking").label != Request("x", 0, [1], 4, 0, mode="instant").label
 

@@ -7,6 +7,7 @@ code, so a plan is made without the HTTP client loaded.
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import orjson
 
@@ -47,8 +48,17 @@ class Request:
         return f"{self.label}.{nonce}.{attempt}"
 
 
-def parse_rid(rid: str) -> tuple[tuple[str, int, int, str], str, int]:
-    """((id, sample_index, turn, mode), run nonce, attempt) of a rid the client made:
+class SentRid(NamedTuple):
+    """What a rid the client made says: the row it was sent for (`Request.key`: id, sample_index,
+    turn, mode), the run's nonce and the attempt. Read it by name: the row's shape has grown before."""
+
+    row: tuple[str, int, int, str]
+    nonce: str
+    attempt: int
+
+
+def parse_rid(rid: str) -> SentRid:
+    """The row, run nonce and attempt of a rid the client made:
     `{id}.{sample}[.t{turn}][@{mode}].{nonce}.{attempt}` (ids may hold dots; the turn is there from
     turn 1, the mode for a profile's named modes)."""
     head, nonce, attempt = rid.rsplit(".", 2)
@@ -60,7 +70,7 @@ def parse_rid(rid: str) -> tuple[tuple[str, int, int, str], str, int]:
     if last.startswith("t") and last[1:].isdigit() and head.rsplit(".", 1)[-1].isdigit() and "." in head:
         turn = int(last[1:])
         head, last = head.rsplit(".", 1)
-    return (head, int(last), turn, mode), nonce, int(attempt)
+    return SentRid((head, int(last), turn, mode), nonce, int(attempt))
 
 
 @dataclass

@@ -53,6 +53,13 @@ class Recorder:
             self._fh = None
 
 
+def read_record(path: Path) -> list[dict]:
+    """The lines `Recorder` wrote, in the order written (for the tests and benchmarks that check what
+    was served)."""
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
 class EngineServer:
     """State behind the routes: the backend, requests in flight, the record, the faults."""
 

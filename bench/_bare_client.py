@@ -6,7 +6,7 @@ no checks, no output file. Prints its figures as one JSON line on stdout. With `
 parsed by orjson.loads(await resp.read()) instead (aiohttp's resp.json() is the standard library's json):
 a stricter floor for long answers.
 
-    .venv/bin/python bench/bare_client.py REQUESTS_JSON URL --max-new-tokens N [--concurrency 64] [--orjson]
+    .venv/bin/python bench/_bare_client.py REQUESTS_JSON URL --max-new-tokens N [--concurrency 64] [--orjson]
 """
 
 import time
