@@ -72,6 +72,8 @@ CONFIG = {
             "unexpected_stop": "quarantine",
         },
         # A loop must cover 12 tokens; the live stop acts at twice that, within the 48-token budget.
+        # (No demo prompt loops that early under greedy decoding: the run streams every answer with
+        # the watch on, and the gate flags none; test_real_sglang_live_stop.py meets real loops.)
         "loop": {"min_tokens": 12, "min_repeats": 4, "max_period": 64},
         "live_stop": True,
         "stream_interval": 8,
@@ -272,9 +274,14 @@ def server_record(wd, shard: int) -> list[list[tuple]]:
     received = []
     for log in attempts:
         lines = [line for line in log.read_text().splitlines() if "request.received" in line]
-        rids = [json.loads(line[line.index("{") :])["rid"] for line in lines]
         # HEALTH_CHECK_*: the server's own probes of itself (/health), not the client's rows.
-        received.append([parse_rid(rid)[0] for rid in rids if not rid.startswith("HEALTH_CHECK")])
+        requests = [
+            r
+            for r in (json.loads(line[line.index("{") :]) for line in lines)
+            if not r["rid"].startswith("HEALTH_CHECK")
+        ]
+        assert all(r["obj"]["stream"] for r in requests), f"{log}: with live_stop, every request is streamed"
+        received.append([parse_rid(r["rid"])[0] for r in requests])
     return received
 
 
