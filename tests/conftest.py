@@ -166,6 +166,17 @@ def demo_model_dir() -> Path:
     return cached_build("demo_model", build_demo_model)
 
 
+@pytest.fixture(scope="module")
+def slurm_cluster(tmp_path_factory):
+    """A running single-node SLURM cluster (8 CPUs, 2 fake GPUs) for the module (tests/slurm_cluster.py)."""
+    from slurm_cluster import running_cluster
+
+    if os.geteuid() != 0:
+        pytest.skip("starting SLURM's daemons needs root")
+    with running_cluster(tmp_path_factory.mktemp("slurm")) as state:
+        yield state
+
+
 QWEN3_MODEL = {
     "name": "qwen3-test",
     "stop_tokens": ["<|im_end|>"],

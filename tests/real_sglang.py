@@ -10,7 +10,10 @@ a job, to prove that none of a server's processes is left behind.
 import os
 import signal
 import subprocess
+import threading
 import urllib.request
+from collections import Counter
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +26,24 @@ STARTUP_TIMEOUT_S = 600
 
 def server_python() -> str:
     return str(sglang_server.installed())
+
+
+def sglang_engine(model_dir, *, deterministic=False, extra=()) -> dict:
+    """The config's `engine` block: each generate job launches the real server on CPU, its CPU
+    settings passed as a cluster user passes theirs (`engine.sglang.env`, `extra_args`)."""
+    return {
+        "kind": "sglang",
+        "deterministic_inference": deterministic,
+        "startup_timeout_s": STARTUP_TIMEOUT_S,
+        "job": {"cpus": 1, "mem_mb": 4000, "runtime": 60},
+        "sglang": {
+            "python": server_python(),
+            "model_path": str(model_dir),
+            "tp_size": 1,
+            "env": dict(sglang_server.CPU_ENV),
+            "extra_args": [*sglang_server.CPU_ARGS, *extra],
+        },
+    }
 
 
 def launch_args(model_dir: Path, *, context_length: int = 2048, max_total_tokens: int | None = 8192) -> list[str]:
@@ -114,3 +135,84 @@ def descendants(pid: int) -> dict[int, str]:
 
 def alive(pids) -> list[int]:
     return [pid for pid in pids if (stat := _stat(pid)) and stat[1] != "Z"]
+
+
+def processes_in(directory: Path) -> dict[int, str]:
+    """The live processes (other than this one) working in `directory`, each with its command line:
+    a run's Snakemake, the jobs SLURM runs for it there, and every server process they start."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if Path(os.readlink(f"/proc/{entry}/cwd")) != directory:
+                continue
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+        if (stat := _stat(int(entry))) and stat[1] != "Z":
+            found[int(entry)] = cmdline
+    return found
+
+
+def launches_sglang(cmdlines: str) -> bool:
+    return any(c.split()[1:3] == ["-m", "sglang.launch_server"] for c in cmdlines.split(" | "))
+
+
+class ProcessWatch:
+    """Every process `find()` lists while a run goes on (polled from a thread), with every name it
+    had: the job, the watchdog, the server and the processes the server starts, whatever they
+    rename themselves to (SGLang renames its scheduler and detokenizer)."""
+
+    def __init__(self, find: Callable[[], dict[int, str]]):
+        self.find, self.seen, self._stop = find, {}, threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self):
+        while not self._stop.is_set():
+            for pid, cmdline in self.find().items():
+                self.seen.setdefault(pid, set()).add(cmdline)
+            self._stop.wait(0.2)
+
+    def processes(self) -> dict[int, str]:
+        return {pid: " | ".join(sorted(names)) for pid, names in list(self.seen.items())}
+
+    def stop(self) -> dict[int, str]:
+        self._stop.set()
+        self._thread.join()
+        return self.processes()
+
+
+def greedy_exact(rows: list[dict], model_dir, stop_ids=(163586,)) -> Counter:
+    """Assert that every ok row is transformers' own greedy decoding on the same weights, given the
+    row's prompt ids (every attention position on: a prompt may hold the pad id), and that it ends
+    as the server said: on one of `stop_ids` (kept), at its budget, or stopped live as a loop (a
+    prefix of the greedy answer); the rows checked, by (later turn, tools, finish)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eagle3_datagen.quality.flags import LOOP_FINISH
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    checked = Counter()
+    for row in (r for r in rows if r["status"] == "ok"):
+        prompt, out = torch.tensor([list(row["prompt_ids"])]), list(row["output_ids"])
+        with torch.no_grad():
+            own = model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=len(out),
+                do_sample=False,
+                eos_token_id=None,
+            )[0, prompt.shape[1] :].tolist()
+        where = f"{row['id']} turn {row['turn']}"
+        assert own == out, f"{where}: SGLang's output differs from transformers' greedy continuation"
+        if row["finish_type"] == "stop":
+            assert out[-1] == int(row["finish_matched"]) and out[-1] in stop_ids, where
+        elif row["finish_type"] == LOOP_FINISH:
+            assert len(out) < row["max_new_tokens"], where
+        else:
+            assert row["finish_type"] == "length" and len(out) == row["max_new_tokens"], where
+        checked[(row["turn"] > 0, bool(row["tools"]), row["finish_type"])] += 1
+    return checked

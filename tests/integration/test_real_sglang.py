@@ -12,16 +12,23 @@ processes (HTTP server, scheduler, detokenizer) behind.
 import subprocess
 import sys
 import textwrap
-import threading
 from collections import Counter
 
 import pytest
 from workdir import ROOT, Workdir, demo_rows
 
-import sglang_server
 from eagle3_datagen.storage.tables import read_rows
 from polling import wait_until
-from real_sglang import STARTUP_TIMEOUT_S, alive, descendants, real_server, server_python
+from real_sglang import (
+    STARTUP_TIMEOUT_S,
+    ProcessWatch,
+    alive,
+    descendants,
+    greedy_exact,
+    launches_sglang,
+    real_server,
+    sglang_engine,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_sglang]
 
@@ -32,47 +39,6 @@ CONTEXT = 512
 # so about eight ~100-token prompts run at once, and their answers need more than is left.
 KV_POOL_TOKENS = 1024
 MAX_NEW_TOKENS = 40
-
-
-def sglang_engine(model_dir, *, deterministic=False, extra=()) -> dict:
-    return {
-        "kind": "sglang",
-        "deterministic_inference": deterministic,
-        "startup_timeout_s": STARTUP_TIMEOUT_S,
-        "job": {"cpus": 1, "mem_mb": 4000, "runtime": 60},
-        "sglang": {
-            "python": server_python(),
-            "model_path": str(model_dir),
-            "tp_size": 1,
-            "env": dict(sglang_server.CPU_ENV),
-            "extra_args": [*sglang_server.CPU_ARGS, *extra],
-        },
-    }
-
-
-def launches_sglang(cmdlines: str) -> bool:
-    return any(c.split()[1:3] == ["-m", "sglang.launch_server"] for c in cmdlines.split(" | "))
-
-
-class ProcessWatch:
-    """Every process seen below `pid` while it runs (polled from a thread): the job, the watchdog,
-    the server and the processes the server starts, whatever they rename themselves to."""
-
-    def __init__(self, pid: int):
-        self.pid, self.seen, self._stop = pid, {}, threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        self._thread.start()
-
-    def _poll(self):
-        while not self._stop.is_set():
-            for pid, cmdline in descendants(self.pid).items():
-                self.seen.setdefault(pid, set()).add(cmdline)  # every name it had: SGLang renames some
-            self._stop.wait(0.2)
-
-    def stop(self) -> dict[int, str]:
-        self._stop.set()
-        self._thread.join()
-        return {pid: " | ".join(sorted(names)) for pid, names in self.seen.items()}
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +72,7 @@ def sglang_run(tmp_path_factory, demo_model_dir):
         text=True,
         env=wd.env(),
     )
-    watch = ProcessWatch(proc.pid)
+    watch = ProcessWatch(lambda: descendants(proc.pid))
     out, _ = proc.communicate(timeout=1800)
     wd.processes = watch.stop()
     assert proc.returncode == 0, out[-8000:]
@@ -121,36 +87,6 @@ def test_the_jobs_launched_and_stopped_real_sglang_servers(sglang_run):
         assert "The server is fired up and ready to roll" in log
     # Nothing the jobs started outlives them: HTTP server, scheduler, detokenizer, watchdog.
     assert not alive(sglang_run.processes), {p: sglang_run.processes[p] for p in alive(sglang_run.processes)}
-
-
-def greedy_exact(rows: list[dict], model_dir) -> Counter:
-    """Assert that every ok row is transformers' own greedy decoding on the same weights, given the
-    row's prompt ids (every attention position on: a prompt may hold the pad id), and that it ends
-    as the server said; the rows checked, by (later turn, tools, finish)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    checked = Counter()
-    for row in (r for r in rows if r["status"] == "ok"):
-        prompt, out = torch.tensor([list(row["prompt_ids"])]), list(row["output_ids"])
-        with torch.no_grad():
-            own = model.generate(
-                prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=len(out),
-                do_sample=False,
-                eos_token_id=None,
-            )[0, prompt.shape[1] :].tolist()
-        where = f"{row['id']} turn {row['turn']}"
-        assert own == out, f"{where}: SGLang's output differs from transformers' greedy continuation"
-        # The server's finish, as returned: a stop on the configured stop id (kept), or the budget.
-        if row["finish_type"] == "stop":
-            assert out[-1] == int(row["finish_matched"]) == 163586, where
-        else:
-            assert row["finish_type"] == "length" and len(out) == row["max_new_tokens"], where
-        checked[(row["turn"] > 0, bool(row["tools"]), row["finish_type"])] += 1
-    return checked
 
 
 def test_every_row_is_transformers_greedy_continuation_on_the_same_weights(sglang_run, demo_model_dir):

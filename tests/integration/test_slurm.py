@@ -18,48 +18,15 @@ import pytest
 from workdir import ROOT, SNAKEMAKE, Workdir
 
 from polling import wait_until
+from slurm_cluster import PROFILE, ended, holder_pid, slurm_jobs_left, squeue
 
 pytestmark = pytest.mark.slow
 
-SLURM_DIR = ROOT / "tests" / "slurm"
-PROFILE = SLURM_DIR / "profile"
 # The limit of one run through the cluster: about 40 s here, several times that on a loaded machine,
 # whose every job the plugin's status checks (2 s, then 10 s more each time none has finished) find
 # later still. Generous: past it the run is stopped, and its output is the failure.
 RUN_TIMEOUT_S = 900
 CATEGORIES = {"alpha": 6, "beta": 5}
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory):
-    """A running single-node cluster (8 CPUs, 2 GPUs) for the module; always stopped afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("starting SLURM's daemons needs root")
-    if shutil.which("sinfo") is None:
-        subprocess.run(["bash", str(SLURM_DIR / "install_slurm.sh")], check=True, stdout=subprocess.DEVNULL)
-    state = tmp_path_factory.mktemp("slurm")
-    env = dict(os.environ, FAKE_CPUS="8", FAKE_GPUS="2")
-    saved = {key: os.environ.get(key) for key in ("SLURM_CONF",)}
-    try:
-        proc = subprocess.run(
-            ["bash", str(SLURM_DIR / "start_slurm.sh"), str(state)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
-        assert proc.returncode == 0, f"start_slurm.sh failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
-        exported = dict(re.findall(r"^export (\w+)=(.*)$", proc.stdout, re.MULTILINE))
-        assert "SLURM_CONF" in exported, proc.stdout
-        os.environ.update(exported)
-        yield state
-    finally:
-        subprocess.run(["bash", str(SLURM_DIR / "stop_slurm.sh"), str(state)], timeout=120)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def prompts(category, n):
@@ -70,22 +37,6 @@ def prompts(category, n):
         }
         for i in range(n)
     ]
-
-
-def squeue(job_ids):
-    """{job id: (state, job name, GPUs asked for)} of finished and running jobs (squeue --states=all)."""
-    fmt = "JobID:|,State:|,Name:|,tres-per-job:"
-    out = subprocess.run(
-        ["squeue", "--states=all", "--noheader", "--jobs", ",".join(job_ids), "-O", fmt],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    jobs = {}
-    for line in out.splitlines():
-        job_id, state, name, tres = (field.strip() for field in line.split("|"))
-        jobs[job_id] = (state, name, tres)
-    return jobs
 
 
 @pytest.fixture(scope="module")
@@ -298,29 +249,6 @@ def test_a_profile_whose_job_states_cannot_be_read_fails_fast(slurm_cluster, tmp
     assert "MinJobAge = 600 s" in said and "slurm-init-seconds-before-status-checks to 200" in said, said[-3000:]
     assert not (wd.path / ".snakemake" / "slurm_logs").exists()  # no job was submitted
     assert not (wd.path / "results" / "prompts").exists()  # nor anything run
-
-
-def holder_pid(journal):
-    """The pid of the job holding the shard's journal (written into its lock file), or None."""
-    import json
-
-    try:
-        return json.loads(journal.with_name(journal.name + ".lock").read_text())["pid"]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-LIVE_STATES = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
-
-
-def ended(state):
-    """The state of a job that has ended, or None while it is still pending or running."""
-    return None if state in LIVE_STATES else state
-
-
-def slurm_jobs_left():
-    states = ",".join(LIVE_STATES)
-    return subprocess.run(["squeue", "--noheader", f"--states={states}"], capture_output=True, text=True).stdout.strip()
 
 
 def test_a_killed_snakemakes_orphan_and_its_twin_never_send_the_same_row(slurm_cluster, tmp_path, qwen3_tokenizer_dir):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from workdir import ROOT, Workdir, demo_rows
+from workdir import ROOT, Workdir, demo_rows, multi_turn_rows
 
 from eagle3_datagen.generation.requests import parse_rid
 from eagle3_datagen.storage.tables import read_provenance, read_rows
@@ -30,10 +30,7 @@ TOO_LONG = {
         {"role": "user", "content": "Thanks."},
     ],
 }
-# The demo's conversations of two or more user turns (chat-046 has four).
-MULTI_TURN = [
-    r for r in demo_rows("chat", 60) if sum(m["role"] == "user" for m in r["messages"]) > 1 and "tools" not in r
-]
+MULTI_TURN = multi_turn_rows()
 EOS, TURN_END = 163585, 163586  # [EOS] and <|im_end|>: Kimi-K2.5's eos and its turns' end
 
 

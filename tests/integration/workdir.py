@@ -28,6 +28,13 @@ def demo_rows(category: str, n: int, start: int = 0) -> list[dict]:
         return [json.loads(line) for line in fh][start : start + n]
 
 
+def multi_turn_rows() -> list[dict]:
+    """The demo's conversations of two or more user turns and no tools (chat-046 has four)."""
+    return [
+        r for r in demo_rows("chat", 60) if sum(m["role"] == "user" for m in r["messages"]) > 1 and "tools" not in r
+    ]
+
+
 class Workdir:
     """config/config.yaml, config/categories.tsv and prompt files in a temporary directory.
 
@@ -47,9 +54,11 @@ class Workdir:
         plain_qwen3: bool = False,
         engine_args: str = "",
         mode_mix: dict[str, str] | None = None,
+        sheet: dict[str, dict[str, str]] | None = None,
         **overrides,
     ):
-        """`mode_mix`: a category's serving-mode mix (its mode_mix cell of the sheet), where given."""
+        """`mode_mix`: a category's serving-mode mix (its mode_mix cell of the sheet), where given;
+        `sheet`: more cells of a category's row, by column (`{"chat": {"shards": "2"}}`)."""
         self.path = path
         self.record_dir = path / "engine_record"
         self.engine_args = engine_args
@@ -57,12 +66,12 @@ class Workdir:
         self.ids: dict[str, set] = {}
         prompts = path / "config" / "prompts"
         prompts.mkdir(parents=True, exist_ok=True)
-        sheet = ["category\tprompts" + ("\tmode_mix" if mode_mix else "")]
+        cells = {name: dict((sheet or {}).get(name, {})) for name in categories}
+        for name, mix in (mode_mix or {}).items():
+            cells[name]["mode_mix"] = mix
         for name, rows in categories.items():
             self.write_prompts(name, rows)
-            cell = f"\t{mode_mix.get(name, '')}" if mode_mix else ""
-            sheet.append(f"{name}\tconfig/prompts/{name}.jsonl{cell}")
-        (path / "config" / "categories.tsv").write_text("\n".join(sheet) + "\n")
+        self.write_sheet(cells)
         with open(ROOT / "config" / "config.yaml") as fh:
             config = yaml.safe_load(fh)
         config["model"]["tokenizer"] = str(tokenizer)
@@ -99,6 +108,14 @@ class Workdir:
 
     def write_config(self) -> None:
         (self.path / "config" / "config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
+
+    def write_sheet(self, cells: dict[str, dict[str, str]]) -> None:
+        """config/categories.tsv: each category's prompts file, and its `cells` (column: value)."""
+        columns = sorted({column for row in cells.values() for column in row})
+        lines = ["\t".join(["category", "prompts", *columns])]
+        for name, row in cells.items():
+            lines.append("\t".join([name, f"config/prompts/{name}.jsonl", *(str(row.get(c, "")) for c in columns)]))
+        (self.path / "config" / "categories.tsv").write_text("\n".join(lines) + "\n")
 
     def write_prompts(self, name: str, rows: list) -> None:
         """One line per row: a dict as JSON, a str or bytes as it is (for malformed lines)."""
