@@ -297,8 +297,8 @@ def as_json(views: list[CategoryView]) -> list[dict]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="status")
+def main(argv: list[str] | None = None, prog: str = "status") -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog=prog)
     parser.add_argument("--directory", "-d", type=Path, default=Path("."), help="the run's working directory")
     parser.add_argument(
         "--configfile", nargs="+", type=Path, help="as given to snakemake (default: config/config.yaml)"

@@ -93,8 +93,10 @@ def check_vocab(
     return found + _files(record, vocab)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Refuse a draft vocabulary built from other data or another tokenizer.")
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog=prog, description="Refuse a draft vocabulary built from other data or another tokenizer."
+    )
     p.add_argument("--vocab", required=True, type=Path, help="the mapping's folder (results/vocab)")
     p.add_argument("--train", required=True, type=Path, help="the data it will be trained with (train.jsonl)")
     p.add_argument("--tokenizer", help="the target's tokenizer folder")
