@@ -1,6 +1,6 @@
 """Audit: the quality gate run on a trainer dataset made elsewhere, without any server.
 
-    PYTHONPATH=scripts .venv/bin/python -m eagle3_datagen.steps.audit --data train.jsonl --config config/qwen3.yaml \\
+    eagle3-datagen audit --data train.jsonl --config config/qwen3.yaml \\
         --tokenizer /models/Qwen3-8B --out results/audit/NAME/
 
 Reads the dataset as a stream (JSON lines, one trainer row `{"input_ids", "loss_mask", ...}` each,

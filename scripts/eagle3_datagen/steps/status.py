@@ -1,6 +1,6 @@
 """status: how far a run is, read from the files it writes, from any host that sees them, at any time.
 
-    .venv/bin/python scripts/status.py [--watch [S]] [--configfile config/config.yaml ...] [--json]
+    eagle3-datagen status [--watch [S]] [--configfile config/config.yaml ...] [--json]
 
 Read-only: it reads the categories sheet, each shard's plan, its generate job's progress file and
 the journal's lines since (`generation.progress`), the journal's lock (tested, never taken), the

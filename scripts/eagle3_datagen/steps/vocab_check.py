@@ -1,6 +1,6 @@
 """The check that a draft vocabulary belongs to the data and the tokenizer it is trained with.
 
-    PYTHONPATH=scripts .venv/bin/python -m eagle3_datagen.steps.vocab_check --vocab results/vocab --train results/train/train.jsonl \\
+    eagle3-datagen vocab-check --vocab results/vocab --train results/train/train.jsonl \\
         --tokenizer /models/Kimi-K2.5 --trust-remote-code
 
 A mapping (`results/vocab/`) counted on one `train.jsonl` and used with another, or with another
