@@ -176,3 +176,29 @@ def test_the_schema_is_found_in_the_checkout():
     assert settings.SCHEMA_PATH == ROOT / "schemas" / "config.schema.yaml"
     assert settings.schema_path("categories.schema.yaml") == ROOT / "schemas" / "categories.schema.yaml"
     assert inspect.getsourcefile(settings) == str(ROOT / "scripts" / "eagle3_datagen" / "settings.py")
+
+
+def test_step_runs_the_rules_step_with_the_rules_files(tmp_path, monkeypatch):
+    """`step merge_dataset` with no option merges what the rule would: every category's dataset of
+    the config's sheet, into the rule's train.jsonl."""
+    import json
+    import logging
+    import shutil
+
+    shutil.copytree(ROOT / "config", tmp_path / "config")
+    monkeypatch.chdir(tmp_path)
+    categories = [line.split("\t")[0] for line in Path("config/categories.tsv").read_text().splitlines()[1:]]
+    rows = {
+        c: [{"id": f"{c}{i}", "input_ids": [1, i, n], "loss_mask": [0, 1, 1]} for i in range(2)]
+        for n, c in enumerate(categories)
+    }
+    rows[categories[-1]].append(dict(rows[categories[0]][0], id="repeat"))
+    Path("results/dataset").mkdir(parents=True)
+    for category, lines in rows.items():
+        Path(f"results/dataset/{category}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    try:
+        assert cli.main(["step", "merge_dataset"]) == 0
+    finally:
+        logging.getLogger().handlers.clear()
+    merged = [json.loads(line)["id"] for line in Path("results/train/train.jsonl").read_text().splitlines()]
+    assert merged == [r["id"] for c in categories for r in rows[c] if r["id"] != "repeat"]
