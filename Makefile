@@ -9,10 +9,13 @@ JOBS ?= 2
 
 .PHONY: demo demo-sglang-cpu status test test-fast test-sglang lint oracles realdata sglang-server clean-results
 
-$(STAMP): requirements.txt
+# The package goes in editable (its pins are requirements.txt's, installed first): the
+# eagle3-datagen command then runs this checkout's scripts/eagle3_datagen, the copy the rules run.
+$(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps --editable .
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -22,7 +25,7 @@ demo: $(STAMP)
 
 # How far the run in this directory is (any time, from the host that submitted it; read-only).
 status: $(STAMP)
-	$(BIN)/python scripts/status.py
+	$(BIN)/eagle3-datagen status
 
 lint: $(STAMP)
 	$(BIN)/snakemake --lint

@@ -1,4 +1,5 @@
-"""How far the run in this directory is, per category and shard: `python scripts/status.py [--watch]`."""
+"""How far the run in this directory is, per category and shard: `python scripts/status.py [--watch]`,
+as `eagle3-datagen status` (the installed command) does."""
 
 import sys
 

@@ -12,6 +12,7 @@ cycle exists):
   figures      drawing the report's figures from plain data
   steps/       one module per Snakemake rule: the step functions the scripts call
   workflow, runner   the config and category sheet as the rules read them; the scripts' wiring
+  cli          the `eagle3-datagen` command: what a user runs by hand (`python -m eagle3_datagen`)
 
 `engine/` stands apart: the CPU stand-in of SGLang's HTTP server (tests and the demo), importing
 only `settings`.

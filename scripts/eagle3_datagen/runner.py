@@ -26,12 +26,12 @@ from eagle3_datagen.storage.layout import PATHS
 from eagle3_datagen.workflow import PARAMS, category_row, load_config, load_sheet, setup_logging, shard_count
 
 
-def run(step: Callable, snakemake: Any = None, argv: list[str] | None = None) -> Any:
+def run(step: Callable, snakemake: Any = None, argv: list[str] | None = None, prog: str | None = None) -> Any:
     if snakemake is not None:
         setup_logging(snakemake.log[0] if len(snakemake.log) else None)
         kwargs = from_snakemake(step, snakemake)
     else:
-        kwargs = from_command_line(step, argv)
+        kwargs = from_command_line(step, argv, prog)
     log = logging.getLogger(step.__name__)
     started = time.perf_counter()
     try:
@@ -124,10 +124,10 @@ def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def from_command_line(step: Callable, argv: list[str] | None = None) -> dict:
+def from_command_line(step: Callable, argv: list[str] | None = None, prog: str | None = None) -> dict:
     """Each parameter from its option, or else as the rule would give it (paths and params tables)."""
     params = _parameters(step)
-    parser = argparse.ArgumentParser(description=(step.__doc__ or "").strip().split("\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=" ".join((step.__doc__ or "").split("\n\n")[0].split()))
     parser.add_argument("--config", default="config/config.yaml", help="config file (default: %(default)s)")
     parser.add_argument("--category", help="a category of the category sheet")
     parser.add_argument("--shard", type=int, default=0, help="shard of the category (default: %(default)s)")

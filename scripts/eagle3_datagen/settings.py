@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+
+def schema_path(name: str) -> Path:
+    """A schema of `schemas/`: the installed package carries it as `eagle3_datagen/schemas/`; a checkout
+    has it at its top, where Snakemake's rules validate against it too."""
+    package = Path(__file__).resolve().parent
+    installed = package / "schemas" / name
+    return installed if installed.is_file() else package.parents[1] / "schemas" / name
+
+
+SCHEMA_PATH = schema_path("config.schema.yaml")
 
 
 @functools.cache

@@ -23,9 +23,13 @@ LAYERS = {
     "steps": 5,
     "workflow": 6,
     "runner": 6,
+    "cli": 7,
+    "__main__": 8,
 }
 # The CPU stand-in of SGLang stands apart: it may use the settings and itself, nothing else.
 ENGINE_MAY_IMPORT = {"settings", "engine_settings", "engine"}
+# Nothing of the pipeline depends on the stand-in; only the command line imports it, to run it.
+ENGINE_IMPORTED_BY = {"cli"}
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 
@@ -87,7 +91,10 @@ def test_imports_run_down_the_layers():
             if here == "engine":
                 if there not in ENGINE_MAY_IMPORT:
                     upward.append(f"{name} -> {target}")
-            elif there == "engine" or (here in LAYERS and LAYERS[there] > LAYERS[here]):
+            elif there == "engine":
+                if here not in ENGINE_IMPORTED_BY:
+                    upward.append(f"{name} -> {target}")
+            elif here in LAYERS and LAYERS[there] > LAYERS[here]:
                 upward.append(f"{name} -> {target}")
     assert not upward, "imports against the layers:\n" + "\n".join(sorted(upward))
 

@@ -1,4 +1,5 @@
-"""envs/*.yaml (for cluster users, conda-forge) must pin what requirements.txt pins."""
+"""envs/*.yaml (for cluster users, conda-forge) and pyproject.toml (pip install) must pin what
+requirements.txt pins."""
 
 import re
 from pathlib import Path
@@ -6,19 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pins import parse_pins, pyproject, requirement_pins
+
 ROOT = Path(__file__).resolve().parents[2]
 # conda-forge names of PyPI packages, where they differ.
 CONDA_NAMES = {"matplotlib-base": "matplotlib"}
-
-
-def requirement_pins() -> dict[str, str]:
-    pins = {}
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if line:
-            name, version = line.split("==")
-            pins[name.lower()] = version
-    return pins
 
 
 def env_pins(path: Path) -> dict[str, str]:
@@ -54,3 +47,14 @@ def test_every_rule_env_exists():
     for smk in (ROOT / "rules").glob("*.smk"):
         for env in re.findall(r'"\.\./(envs/[^"]+)"', smk.read_text()):
             assert (ROOT / env).exists(), f"{smk.name} names {env}, which does not exist"
+
+
+def test_pyproject_pins_what_requirements_pins():
+    """The installed command needs the pipeline's pins, the `test` extra the test tools': together
+    they are requirements.txt, each pin once."""
+    project = pyproject()["project"]
+    runtime = parse_pins(project["dependencies"])
+    tools = parse_pins(project["optional-dependencies"]["test"])
+    assert runtime and tools and not set(runtime) & set(tools), (runtime, tools)
+    assert {**runtime, **tools} == requirement_pins()
+    assert {"pytest", "hypothesis", "ruff", "snakefmt", "pytest-xdist"} == set(tools)

@@ -44,9 +44,9 @@ def _rate(text: str) -> float:
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m eagle3_datagen.engine") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m eagle3_datagen.engine",
+        prog=prog,
         description="A CPU stand-in for an SGLang server (native /generate API).",
     )
     _add_server_options(p)
@@ -330,9 +330,9 @@ async def _run_until_stopped(srv, parent: int) -> int:
     return rc
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m eagle3_datagen.engine") -> int:
     parent = os.getppid()  # first thing: the watch compares against the parent we started under
-    parser = build_parser()
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.stream_interval < 1:
         parser.error("--stream-interval must be at least 1")

@@ -5,3 +5,27 @@ calls with the rule's inputs, outputs and params as keyword arguments.
 Imports every layer below: `settings`, `storage`, `tokens`, `demo`, `generation`, `figures`; never
 another step (what steps share lives in those layers).
 """
+
+# Each rule's step, by rule name: the module of steps/ that holds it (the function is named like the
+# rule). `scripts/<rule>.py` runs it under Snakemake, `eagle3-datagen step <rule>` by hand; a unit
+# test keeps this table and the scripts in step.
+STEPS = {
+    "build_demo_model": "build_demo_model",
+    "tokenize_prompts": "tokenize_prompts",
+    "plan_generation": "plan_generation",
+    "preview_generation": "plan_generation",
+    "pilot_generate": "pilot",
+    "project_pilot": "pilot",
+    "generate": "generate",
+    "merge_shards": "generate",
+    "check_sequences": "check_sequences",
+    "check_parsers": "check_parsers",
+    "export_dataset": "export_dataset",
+    "merge_dataset": "export_dataset",
+    "vocab_mapping": "vocab_mapping",
+    "summarize": "summarize",
+    "plot_checks": "plot_checks",
+    "plot_quality": "plot_quality",
+    "plot_load": "plot_load",
+    "headline": "headline",
+}

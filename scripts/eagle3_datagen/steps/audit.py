@@ -1,6 +1,6 @@
 """Audit: the quality gate run on a trainer dataset made elsewhere, without any server.
 
-    PYTHONPATH=scripts .venv/bin/python -m eagle3_datagen.steps.audit --data train.jsonl --config config/qwen3.yaml \\
+    eagle3-datagen audit --data train.jsonl --config config/qwen3.yaml \\
         --tokenizer /models/Qwen3-8B --out results/audit/NAME/
 
 Reads the dataset as a stream (JSON lines, one trainer row `{"input_ids", "loss_mask", ...}` each,
@@ -163,8 +163,8 @@ def model_section(args: argparse.Namespace, config: dict) -> dict:
     return defaults("model", **model)
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Audit a trainer dataset (input_ids, loss_mask) made elsewhere.")
+def parser(prog: str | None = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Audit a trainer dataset (input_ids, loss_mask) made elsewhere.")
     p.add_argument("--data", required=True, type=Path, help="the dataset: JSON lines, or this pipeline's Parquet")
     p.add_argument("--out", required=True, type=Path, help="folder for flags.jsonl, reasons.tsv, reasons.png")
     p.add_argument("--config", help="a pipeline config: its model profile and quality.loop")
@@ -177,8 +177,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
+    args = parser(prog).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = read_config(args.config) if args.config else {}
     settings, against = audit_settings(model_section(args, config), config.get("quality"), args.vocab_size)

@@ -1,6 +1,6 @@
 """status: how far a run is, read from the files it writes, from any host that sees them, at any time.
 
-    .venv/bin/python scripts/status.py [--watch [S]] [--configfile config/config.yaml ...] [--json]
+    eagle3-datagen status [--watch [S]] [--configfile config/config.yaml ...] [--json]
 
 Read-only: it reads the categories sheet, each shard's plan, its generate job's progress file and
 the journal's lines since (`generation.progress`), the journal's lock (tested, never taken), the
@@ -297,8 +297,8 @@ def as_json(views: list[CategoryView]) -> list[dict]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="status")
+def main(argv: list[str] | None = None, prog: str = "status") -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog=prog)
     parser.add_argument("--directory", "-d", type=Path, default=Path("."), help="the run's working directory")
     parser.add_argument(
         "--configfile", nargs="+", type=Path, help="as given to snakemake (default: config/config.yaml)"

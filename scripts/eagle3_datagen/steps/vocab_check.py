@@ -1,6 +1,6 @@
 """The check that a draft vocabulary belongs to the data and the tokenizer it is trained with.
 
-    PYTHONPATH=scripts .venv/bin/python -m eagle3_datagen.steps.vocab_check --vocab results/vocab --train results/train/train.jsonl \\
+    eagle3-datagen vocab-check --vocab results/vocab --train results/train/train.jsonl \\
         --tokenizer /models/Kimi-K2.5 --trust-remote-code
 
 A mapping (`results/vocab/`) counted on one `train.jsonl` and used with another, or with another
@@ -93,8 +93,10 @@ def check_vocab(
     return found + _files(record, vocab)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Refuse a draft vocabulary built from other data or another tokenizer.")
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog=prog, description="Refuse a draft vocabulary built from other data or another tokenizer."
+    )
     p.add_argument("--vocab", required=True, type=Path, help="the mapping's folder (results/vocab)")
     p.add_argument("--train", required=True, type=Path, help="the data it will be trained with (train.jsonl)")
     p.add_argument("--tokenizer", help="the target's tokenizer folder")
