@@ -84,10 +84,14 @@ CONFIG = {
 REQUEST_LOG = ["--log-requests", "--log-requests-level", "0", "--log-requests-format", "json"]
 
 
+# The installed command (make's venv step installs the package; `pip install .` does the same).
+COMMAND = Path(sys.executable).with_name("eagle3-datagen")
+
+
 def status(wd) -> list[dict]:
-    """`status --json` of the run, as an operator asks it from the submitting host."""
+    """`eagle3-datagen status --json` of the run, as an operator asks it from the submitting host."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "status.py"), "--directory", str(wd.path), "--json"],
+        [str(COMMAND), "status", "--directory", str(wd.path), "--json"],
         capture_output=True,
         text=True,
         timeout=120,
