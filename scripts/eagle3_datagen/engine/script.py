@@ -1,7 +1,7 @@
 """The scripted backend's answers: deterministic outputs shaped like a reasoning model's, planned
 from a tokenizer alone (`AnswerScript`).
 
-Imports `backends.jobs` only (for the type of a job).
+Imports `jobs` only (for the type of a job).
 """
 
 import hashlib
@@ -11,7 +11,7 @@ import random
 import re
 from typing import Any
 
-from eagle3_datagen.engine.backends.jobs import Job
+from eagle3_datagen.engine.jobs import Job
 
 
 class AnswerScript:
@@ -34,26 +34,13 @@ class AnswerScript:
         "Overall the answer follows from these facts, and it is 42 or close to it."
     )
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        eos_token_ids: frozenset,
-        *,
-        deterministic: bool = False,
-        ramble_rate: float = 0.15,
-        tool_rate: float = 0.5,
-        eos_rate: float = 0.0,
-        answer_tokens: tuple[int, int] | None = None,
-        answer_spread: str = "uniform",
-    ):
+    def __init__(self, tokenizer: Any, eos_token_ids: frozenset, *, deterministic: bool = False,
+                 ramble_rate: float = 0.15, tool_rate: float = 0.5, eos_rate: float = 0.0,
+                 answer_tokens: tuple[int, int] | None = None, answer_spread: str = "uniform"):  # fmt: skip
         self.tokenizer = tok = tokenizer
-        self.eos_token_ids = eos_token_ids
-        self.deterministic = deterministic
-        self.ramble_rate = ramble_rate
-        self.tool_rate = tool_rate
-        self.eos_rate = eos_rate
-        self.answer_tokens = answer_tokens
-        self.answer_spread = answer_spread
+        self.eos_token_ids, self.deterministic = eos_token_ids, deterministic
+        self.ramble_rate, self.tool_rate, self.eos_rate = ramble_rate, tool_rate, eos_rate
+        self.answer_tokens, self.answer_spread = answer_tokens, answer_spread
 
         def tid(token: str) -> int | None:
             i = tok.convert_tokens_to_ids(token)
@@ -61,16 +48,9 @@ class AnswerScript:
 
         self.think_id = tid("<think>")
         self.think_end_id = tid("</think>")
-        self.kimi_tool = {
-            name: tid(name)
-            for name in (
-                "<|tool_calls_section_begin|>",
-                "<|tool_calls_section_end|>",
-                "<|tool_call_begin|>",
-                "<|tool_call_argument_begin|>",
-                "<|tool_call_end|>",
-            )
-        }
+        kimi = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                "<|tool_call_argument_begin|>", "<|tool_call_end|>")  # fmt: skip
+        self.kimi_tool = {name: tid(name) for name in kimi}
         self.qwen_tool = {name: tid(name) for name in ("<tool_call>", "</tool_call>")}
         enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
         self.word_ids = [enc((" " if i else "") + w) for i, w in enumerate(self.WORDS.split())]
