@@ -1,4 +1,4 @@
-"""The local engine's speed and capacity modes: canned answers, the simulated GPU, /v1/loads.
+"""The local engine's capacity model: the simulated GPU, in virtual time and over HTTP, and /v1/loads.
 
 The scheduler tests drive `KVScheduler` step by step in virtual time: no threads, no clock, no timing
 assertions.
@@ -6,7 +6,6 @@ assertions.
 
 import asyncio
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
@@ -37,78 +36,6 @@ def serve(backend, fn, **kw):
 
 def strip_timing(out):
     return {**out, "meta_info": {k: v for k, v in out["meta_info"].items() if k not in TIMING_KEYS}}
-
-
-# ---------------------------------------------------------------------------------------------
-# Canned answers
-
-
-def test_canned_answers_equal_the_scripted_path_key_for_key(tok):
-    p1, p2 = prompt(tok, "What is 2+2?"), prompt(tok, "Name a color.")
-    im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    bodies = [
-        {"input_ids": p1, "rid": "a", "sampling_params": {"max_new_tokens": 3000, "sampling_seed": 1}},
-        {"input_ids": p1, "rid": "b", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}},
-        {"input_ids": p1, "rid": "c", "sampling_params": {"max_new_tokens": 40, "skip_special_tokens": False}},
-        {
-            "input_ids": p1,
-            "rid": "d",
-            "sampling_params": {"max_new_tokens": 3000, "stop_token_ids": [im_end], "no_stop_trim": True},
-        },  # fmt: skip
-        {"input_ids": [p1, p1], "rid": "e", "sampling_params": {"max_new_tokens": 50}},
-    ]
-
-    async def answers(client):
-        outs = []
-        for body in bodies:
-            r = await client.post("/generate", json=body)
-            assert r.status == 200 and r.content_type == "application/json"
-            outs.append(await r.json())
-        # every later request gets the first request's answer, whatever its prompt
-        r = await client.post("/generate", json={"input_ids": p2, "rid": "z", "sampling_params": {"max_new_tokens": 40,
-                                                 "skip_special_tokens": False}})  # fmt: skip
-        other = await r.json()
-        # 400s stay 400s
-        bad = await client.post("/generate", json={"input_ids": p1, "sampling_params": {"max_tokens": 3}})
-        toolong = await client.post("/generate", json={"input_ids": [1] * CONTEXT})
-        broken = await client.post("/generate", data=b"{", headers={"Content-Type": "application/json"})
-        return outs, other, [bad.status, toolong.status, broken.status]
-
-    normal, _, _ = serve(ScriptedBackend(TOKENIZER_DIR, answer_tokens=(1000, 2000)), answers)
-    canned, other, statuses = serve(ScriptedBackend(TOKENIZER_DIR, answer_tokens=(1000, 2000), canned=True), answers)
-    assert statuses == [400, 400, 400]
-    for a, b in zip(normal, canned):
-        if isinstance(a, dict):
-            a, b = [a], [b]
-        for x, y in zip(a, b):
-            assert list(y) == list(x) and list(y["meta_info"]) == list(x["meta_info"])
-            assert strip_timing(y) == strip_timing(x)
-    assert len(normal[1]["output_ids"]) == 3000 and normal[1]["meta_info"]["finish_reason"]["type"] == "length"
-    assert other["output_ids"] == canned[2]["output_ids"] and other["text"] == canned[2]["text"]
-    assert other["meta_info"]["id"] == "z" and other["meta_info"]["prompt_tokens"] == len(p2)
-
-
-def test_canned_answers_still_go_through_faults_and_the_record(tok, tmp_path):
-    from eagle3_datagen.engine.server import Faults
-
-    p = prompt(tok, "Hi")
-    record = tmp_path / "rec.jsonl"
-
-    async def fn(client):
-        statuses = []
-        for i in range(6):
-            r = await client.post("/generate", json={"input_ids": p, "rid": f"r{i}", "sampling_params": {}})
-            statuses.append(r.status)
-        s = await client.post("/generate", json={"input_ids": p, "rid": "s", "stream": True})
-        return statuses, await s.text()
-
-    backend = ScriptedBackend(TOKENIZER_DIR, canned=True)
-    statuses, streamed = serve(backend, fn, record_path=record, faults=Faults(fail_rids="r[13]"))
-    assert statuses == [200, 500, 200, 500, 200, 200]
-    assert streamed.startswith("data: {") and streamed.endswith("data: [DONE]\n\n")
-    rows = [json.loads(line) for line in record.read_text().splitlines()]
-    assert [r["status"] for r in rows] == [200, 500, 200, 500, 200, 200, 200]
-    assert rows[0]["output_ids"] == rows[2]["output_ids"] == json.loads(streamed.split("\n")[0][6:])["output_ids"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,7 +202,7 @@ def test_capacity_model_over_http_retracts_and_reports_meta_and_loads():
 
 def test_without_the_capacity_model_loads_count_the_requests_in_flight():
     async def fn(client):
-        body = {"input_ids": list(range(1000, 1030)), "sampling_params": {"max_new_tokens": 40, "stop": "never-said"}}
+        body = {"input_ids": list(range(1000, 1030)), "sampling_params": {"max_new_tokens": 40}}
         task = asyncio.create_task(client.post("/generate", json=body))
         running = await wait_for(client, lambda load: load["num_running_reqs"] == 1)
         out = await (await task).json()
@@ -291,11 +218,12 @@ def test_without_the_capacity_model_loads_count_the_requests_in_flight():
     assert "queue_time" not in out["meta_info"] and out["meta_info"]["num_retractions"] == 0
 
 
-def test_cli_refuses_half_a_capacity_model_and_canned_without_the_scripted_backend(capsys):
+def test_cli_refuses_half_a_capacity_model_and_one_without_the_scripted_backend(capsys):
     from eagle3_datagen.engine.__main__ import main
 
     base = ["--model-dir", str(TOKENIZER_DIR), "--context-length", "4096"]
-    for extra in (["--canned"], ["--backend", "scripted", "--max-running-requests", "4"],
+    for extra in (["--backend", "scripted", "--max-running-requests", "4", "--max-total-tokens", "0"],
+                  ["--backend", "scripted", "--max-running-requests", "4"],
                   ["--max-running-requests", "4", "--max-total-tokens", "1000"]):  # fmt: skip
         with pytest.raises(SystemExit) as e:
             main(base + extra)

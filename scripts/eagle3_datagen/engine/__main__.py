@@ -63,7 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
     g("--answer-spread", choices=("uniform", "lognormal"), default="uniform", help="scripted: their spread")
     g("--token-delay-ms", type=float, default=0.0, help="scripted: pace per token")
     g("--eos-rate", type=_rate, default=0.0, help="scripted: share of answers ending on eos, not the turn's end")
-    g("--canned", action="store_true", help="scripted speed mode: one planned answer for every request")
     g = p.add_argument_group("loop injection", "A share of requests, drawn per row, repeats one n-gram from an onset on until max_new_tokens; the record's `loop` says which.").add_argument  # fmt: skip
     g("--loop-share", type=_rate, default=0.0, help="share of requests that loop (default 0)")
     g("--loop-onset", type=_range, default=(256, 1024), metavar="LO:HI", help="output tokens before the loop starts")
@@ -75,12 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     g("--step-ms", type=float, default=2.0, metavar="BASE", help="fixed time of a step (default 2.0)")
     g("--step-ms-per-request", type=float, default=0.02, metavar="X", help="per request in the batch (default 0.02)")
     g("--step-us-per-kv-token", type=float, default=0.0, metavar="Y", help="per KV token held (default 0)")
-    g(
-        "--clip-max-new-tokens-estimation",
-        type=int,
-        default=4096,
-        help="new tokens admission reserves per request at most",
-    )
+    g("--clip-max-new-tokens-estimation", type=int, default=4096, help="new tokens admission reserves at most")
     return p
 
 
@@ -110,7 +104,7 @@ def build_app(args: argparse.Namespace):
         backend = ScriptedBackend(
             tokenizer_dir, model_dir=args.model_dir, token_delay_s=args.token_delay_ms / 1000.0, eos_rate=args.eos_rate,
             answer_tokens=tuple(int(x) for x in args.answer_tokens) if args.answer_tokens else None,
-            answer_spread=args.answer_spread, canned=args.canned, scheduler=scheduler, **common,
+            answer_spread=args.answer_spread, scheduler=scheduler, **common,
         )  # fmt: skip
     faults = Faults(latency_ms=args.latency_ms, error_rate=args.error_rate, reset_rate=args.reset_rate,
                     hang_rate=args.hang_rate, fail_rids=args.fail_rids, seed=args.seed)  # fmt: skip
@@ -166,17 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     capacity = (args.max_running_requests, args.max_total_tokens)
-    problems = [
-        (args.stream_interval < 1, "--stream-interval must be at least 1"),
-        (args.loop_period[0] < 1, "--loop-period must be at least 1"),
-        (args.canned and args.backend != "scripted", "--canned needs --backend scripted"),
-        ((capacity[0] is None) != (capacity[1] is None), "the capacity model needs both --max-running-requests and --max-total-tokens"),
-        (capacity[0] is not None and args.backend != "scripted", "the capacity model needs --backend scripted"),
-        (min(c or 1 for c in capacity) < 1, "--max-running-requests and --max-total-tokens must be positive"),
-    ]  # fmt: skip
-    for bad, message in problems:
-        if bad:
-            parser.error(message)
+    if args.stream_interval < 1 or args.loop_period[0] < 1:
+        parser.error("--stream-interval and --loop-period must be at least 1")
+    if capacity != (None, None) and (None in capacity or args.backend != "scripted" or min(capacity) < 1):
+        parser.error(
+            "the capacity model needs --backend scripted and both --max-running-requests and --max-total-tokens, positive"
+        )
     logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
     return asyncio.run(serve(args, parent))

@@ -1,7 +1,7 @@
-"""The web app (`create_app`) and its `/generate` route: a body checked, its requests run on the backend and answered when all have
-ended or, streamed, chunk by chunk as SGLang streams them. Injected faults come first; a client that
-goes away aborts its requests (recorded with status 499 once the backend has stopped them).
-Imports `protocol`, `jobs` and `server`.
+"""The web app (`create_app`) and its `/generate` route: a body checked, its requests run on the
+backend and answered when all have ended or, streamed, chunk by chunk as SGLang streams them.
+Injected faults come first; a client that goes away aborts its requests (recorded with status 499
+once the backend has stopped them). Imports `protocol`, `jobs` and `server`.
 """
 
 import asyncio
@@ -55,17 +55,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
             error = {"message": e.message, "type": "invalid_request_error", "code": e.status, "retryable": False}
             return web.Response(body=sse({"error": error}) + SSE_DONE, headers=SSE_HEADERS)
         return json_response(e.body, e.status)
-
-    plans = [srv.loops.plan(item.rid, item.input_ids) for item in parsed.items] if srv.loops.active else None
-    drawn = None
-    if srv.backend.canned and not parsed.stream and srv.scheduler is None and not any(plans or ()):
-        drawn = srv.faults.draw([item.rid for item in parsed.items])
-        if drawn[0] is None and drawn[2] <= 0:
-            return _answer_canned(srv, parsed, t_start)
     wake = asyncio.Event() if parsed.stream else None
-    jobs, futures = _make_jobs(srv, parsed, plans, wake)
+    jobs, futures = _make_jobs(srv, parsed, wake)
     try:
-        refused = await _inject_fault(srv, request, body, jobs, t_start, drawn)
+        refused = await _inject_fault(srv, request, body, jobs, t_start)
         if refused is not None:
             return refused
         for job in jobs:
@@ -76,7 +69,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     except asyncio.CancelledError:  # the client went away: abort, record once the backend has stopped
         for job in jobs:
             job.request_abort()
-        srv.in_background(_record_when_done(srv, jobs, futures, 499, t_start))
+        srv.in_background(_record_when_done(srv, jobs, futures, t_start))
         raise
     finally:
         for job in jobs:
@@ -84,50 +77,36 @@ async def generate(request: web.Request) -> web.StreamResponse:
                 del srv.inflight[job.rid]
 
 
-def _make_jobs(srv: EngineServer, parsed: ParsedGenerate, plans, wake: asyncio.Event | None):
+def _resolve(fut: asyncio.Future, job: Job, wake: asyncio.Event | None) -> None:
+    if not fut.done():
+        fut.set_result(job)
+    if wake is not None:
+        wake.set()
+
+
+def _make_jobs(srv: EngineServer, parsed: ParsedGenerate, wake: asyncio.Event | None):
     """One job per single request, in flight from now on, each with a future its end resolves (and,
     streamed, watched: `wake` is set whenever a chunk is due or a job ends)."""
     loop = asyncio.get_running_loop()
     jobs, futures = [], []
-    for i, item in enumerate(parsed.items):
+    for item in parsed.items:
         fut = loop.create_future()
-
-        def resolve(job: Job, fut=fut) -> None:
-            if not fut.done():
-                fut.set_result(job)
-            if wake is not None:
-                wake.set()
-
-        job = Job(
-            item, max_new_tokens=srv.max_new_tokens(item), on_done=lambda j, r=resolve: loop.call_soon_threadsafe(r, j)
-        )
-        job.loop = plans[i] if plans else None
+        on_done = lambda job, fut=fut: loop.call_soon_threadsafe(_resolve, fut, job, wake)  # noqa: E731
+        job = Job(item, max_new_tokens=srv.max_new_tokens(item), on_done=on_done)
+        job.loop = srv.loops.plan(item.rid, item.input_ids)
         if wake is not None:
             interval = item.sampling_params.get("stream_interval") or srv.stream_interval
             job.watch(lambda: loop.call_soon_threadsafe(wake.set), interval)
-        if srv.backend.canned:
-            job.canned = srv.backend.canned_answer(item, job.max_new_tokens, job.loop)
         jobs.append(job)
         futures.append(fut)
         srv.inflight[item.rid] = job
     return jobs, futures
 
 
-def _answer_canned(srv: EngineServer, parsed: ParsedGenerate, t_start: float) -> web.Response:
-    """A body answered from canned answers at once: no job, no worker thread."""
-    outs = []
-    for item in parsed.items:
-        output_ids, reason, text = srv.backend.canned_answer(item, srv.max_new_tokens(item))
-        srv.record_answer(item, output_ids, reason, 200, t_start)
-        outs.append(build_response(rid=item.rid, text=text, output_ids=output_ids, finish_reason=reason,
-                                   prompt_tokens=len(item.input_ids), e2e_latency=time.time() - t_start))  # fmt: skip
-    return json_response(outs[0] if parsed.is_single else outs)
-
-
-async def _inject_fault(srv: EngineServer, request, body, jobs: list[Job], t_start: float, drawn=None):
+async def _inject_fault(srv: EngineServer, request, body, jobs: list[Job], t_start: float):
     """The answer of an injected fault (the body's jobs aborted and the body recorded), or None once
     its latency has passed and the body may run."""
-    kind, status, delay = drawn or srv.faults.draw([j.rid for j in jobs])
+    kind, status, delay = srv.faults.draw([j.rid for j in jobs])
     if kind is not None:
         for job in jobs:
             job.request_abort()
@@ -150,20 +129,18 @@ async def _inject_fault(srv: EngineServer, request, body, jobs: list[Job], t_sta
     return None
 
 
-async def _record_when_done(srv: EngineServer, jobs, futures, status: int, t_start: float) -> None:
+async def _record_when_done(srv: EngineServer, jobs, futures, t_start: float, done=()) -> None:
+    """Jobs aborted because the client went away, recorded (499) once the backend has stopped them."""
     await asyncio.wait(futures, timeout=5.0)
     for job in jobs:
-        srv.record_job(job, status, t_start)
+        if job not in done:
+            srv.record_job(job, 499, t_start)
 
 
 def _response(srv: EngineServer, job: Job, t_start: float) -> dict[str, Any]:
-    """One ended job's answer, its text decoded unless the backend set it."""
-    text = job.text
-    if text is None:
-        text = protocol.decode_output_text(srv.backend.tokenizer, job.output_ids, job.finish_reason, job.params)
-    queue_time = None
-    if srv.enable_metrics and job.started_running:
-        queue_time = job.stats.get("queue_time", max(0.0, (job.t_start or t_start) - job.t_submit))
+    """One ended job's answer."""
+    text = protocol.decode_output_text(srv.backend.tokenizer, job.output_ids, job.finish_reason, job.params)
+    queue_time = job.stats.get("queue_time", 0.0) if srv.enable_metrics and job.started_running else None
     return build_response(rid=job.rid, text=text, output_ids=job.output_ids, finish_reason=job.finish_reason,
                           prompt_tokens=len(job.input_ids) if job.started_running else None,
                           num_retractions=job.stats.get("num_retractions", 0), e2e_latency=time.time() - t_start,
@@ -180,9 +157,7 @@ async def _answer(srv: EngineServer, request, parsed: ParsedGenerate, jobs, futu
             log.info("client went away; aborting %s", [j.rid for j in jobs])
             for job in jobs:
                 job.request_abort()
-            await asyncio.wait(pending, timeout=5.0)
-            for job in jobs:
-                srv.record_job(job, 499, t_start)
+            await _record_when_done(srv, jobs, futures, t_start)
             return web.Response(status=499)
     outs = [_response(srv, job, t_start) for job in jobs]
     failed = next((j for j in jobs if 400 <= ((j.finish_reason or {}).get("status_code") or 0) < 600), None)
@@ -283,10 +258,7 @@ async def _stream(srv: EngineServer, request, parsed: ParsedGenerate, jobs, futu
         log.info("stream client went away (%s); aborting %s", type(e).__name__, [j.rid for j in jobs])
         for job in jobs:
             job.request_abort()
-        await asyncio.wait(futures, timeout=5.0)
-        for i, job in enumerate(jobs):
-            if not done[i]:
-                srv.record_job(job, 499, t_start)
+        await _record_when_done(srv, jobs, futures, t_start, [j for j, d in zip(jobs, done) if d])
     return resp
 
 

@@ -33,7 +33,7 @@ class StepModel:
         return ms / 1e3 + (self.per_kv_token_us * kv_tokens + self.prefill_per_token_us * extend_tokens) / 1e6
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class RequestStats:
     """A request as the scheduler tracks it; what it reports when the request leaves. Times are
     virtual seconds; `output_len` counts the tokens generated so far."""
@@ -63,19 +63,15 @@ class KVScheduler:
                  context_length: int | None = None, clip_max_new_tokens: int = 4096):  # fmt: skip
         if max_running_requests < 1 or max_total_tokens < 1:
             raise ValueError("max_running_requests and max_total_tokens must be positive")
-        self.max_running_requests = max_running_requests
-        self.max_total_tokens = max_total_tokens
-        self.step_model = step_model or StepModel()
-        self.clip = clip_max_new_tokens
+        self.max_running_requests, self.max_total_tokens = max_running_requests, max_total_tokens
+        self.step_model, self.clip = step_model or StepModel(), clip_max_new_tokens
         self.max_req_input_len = min(context_length or max_total_tokens, max_total_tokens) - 6
-        self.clock = 0.0
+        self.clock, self.decode_steps, self.busy_us = 0.0, 0, {"prefill": 0.0, "decode": 0.0}
         self.waiting: list[RequestStats] = []
         self.running: list[RequestStats] = []
-        self.admitted: list[Hashable] = []  # keys the last step admitted
-        self._reqs: dict[Hashable, RequestStats] = {}
         self._refused: list[RequestStats] = []
-        self.busy_us = {"prefill": 0.0, "decode": 0.0}
-        self.decode_steps = 0
+        self._reqs: dict[Hashable, RequestStats] = {}
+        self.admitted: list[Hashable] = []  # keys the last step admitted
 
     def clip_max_new_tokens(self, prompt_len: int, max_new_tokens: int) -> int:
         """The budget a request really gets: its answer must fit the empty pool."""
@@ -135,8 +131,6 @@ class KVScheduler:
     def step(self) -> tuple[list[RequestStats], float]:
         """One forward pass: (requests that left, its duration in seconds)."""
         finished, self._refused = self._refused, []
-        for req in finished:
-            self._reqs.pop(req.key, None)
         batch = self._admit()
         self.admitted = [r.key for r in batch]
         if batch:
@@ -153,22 +147,21 @@ class KVScheduler:
             self.decode_steps += 1
             batch = self.running
         else:
-            return finished, 0.0
+            batch, seconds = [], 0.0
         for req in batch:
             req.output_len += 1
         self.clock += seconds
-        done = [r for r in self.running if r.output_len >= r.answer_len]
+        finished += [r for r in self.running if r.output_len >= r.answer_len]
         self.running = [r for r in self.running if r.output_len < r.answer_len]
-        for req in done:
+        for req in finished:
             self._reqs.pop(req.key, None)
-        return finished + done, seconds
+        return finished, seconds
 
     def _retract(self) -> list[RequestStats]:
         """Make room for a decode step: retract the shortest outputs first; refuse the last if need be."""
         while self.used_tokens + len(self.running) > self.max_total_tokens:
             if len(self.running) == 1:
                 req = self.running.pop()
-                self._reqs.pop(req.key, None)
                 req.error, req.status_code = OOM_MESSAGE, 500
                 return [req]
             victim = min(self.running, key=lambda r: (r.output_len, -r.prompt_len))
@@ -195,15 +188,8 @@ def load_entry(*, running: int, waiting: int, used: int, waiting_tokens: int, ma
     """One rank's entry of SGLang's `/v1/loads` (the fields the client reads, and the busy time the
     benchmarks read: `total_prefill_busy_us`, and `decode_moments[2]`, the decode steps' us)."""
     return {
-        "timestamp": timestamp,
-        "dp_rank": 0,
-        "num_running_reqs": running,
-        "num_waiting_reqs": waiting,
-        "num_used_tokens": used,
-        "num_total_tokens": used + waiting_tokens,
-        "max_total_num_tokens": max_total_tokens,
-        "max_running_requests": max_running_requests,
-        "token_usage": round(used / max_total_tokens, 4) if max_total_tokens else 0.0,
-        "total_prefill_busy_us": prefill_busy_us,
-        "decode_moments": decode_moments,
-    }
+        "timestamp": timestamp, "dp_rank": 0, "num_running_reqs": running, "num_waiting_reqs": waiting,
+        "num_used_tokens": used, "num_total_tokens": used + waiting_tokens, "max_total_num_tokens": max_total_tokens,
+        "max_running_requests": max_running_requests, "token_usage": round(used / max_total_tokens, 4),
+        "total_prefill_busy_us": prefill_busy_us, "decode_moments": decode_moments,
+    }  # fmt: skip

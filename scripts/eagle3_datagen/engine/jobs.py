@@ -8,7 +8,6 @@ import json
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,15 +42,10 @@ def read_eos_token_ids(model_dir: Path | None, tokenizer_eos_id: int | None, add
 
 
 class Job:
-    """One single request in a backend.
-
-    `state` moves waiting -> running -> done under a lock; an abort of a waiting job resolves it at
-    once (SGLang's "Abort in waiting queue"), an abort of a running one is seen by the worker at its
-    next step and ends it with the partial output. A streamed job is watched (`watch`): the worker
-    calls `progressed` after appending tokens, and the job tells the server when a chunk is due (the
-    first token at once, then whenever `stream_interval` tokens are unsent). `loop` is the repetition
-    loop the request was made to fall into (`loops.LoopPlan`), or None.
-    """
+    """One single request in a backend: `state` moves waiting -> running -> done under a lock. An abort
+    of a waiting job resolves it at once, of a running one at the worker's next step (with the output so
+    far). A streamed job (`watch`) tells the server when a chunk is due: the first token at once, then
+    every `stream_interval` tokens. `loop`: the `loops.LoopPlan` it was made to fall into, or None."""
 
     def __init__(self, item: GenerateItem, *, max_new_tokens: int, on_done: Callable[["Job"], None]):
         self.item, self.rid, self.params, self.max_new_tokens = item, item.rid, item.params, max_new_tokens
@@ -59,12 +53,8 @@ class Job:
         self.output_ids: list[int] = []
         self.finish_reason: dict[str, Any] | None = None
         self.state, self.started_running = WAITING, False
-        # Set before the answer is built where known: a canned answer (output_ids, finish_reason, text),
-        # the decoded `text`, the scheduler's `num_retractions` and `queue_time`.
-        self.canned: tuple | None = None
-        self.text: str | None = None
+        # Set by the backend where known: the scheduler's `num_retractions` and `queue_time`.
         self.stats: dict[str, Any] = {}
-        self.t_submit, self.t_start = time.time(), None
         self.loop = None
         self.sent, self.stream_interval = 0, 1
         self._notify: Callable[[], None] | None = None
@@ -76,7 +66,7 @@ class Job:
         with self._lock:
             if self.state != WAITING:
                 return False
-            self.state, self.started_running, self.t_start = RUNNING, True, time.time()
+            self.state, self.started_running = RUNNING, True
             return True
 
     def watch(self, notify: Callable[[], None], stream_interval: int) -> None:
@@ -85,14 +75,11 @@ class Job:
         self._notify = notify
 
     def progressed(self) -> None:
-        notify = self._notify
-        if notify is None:
-            return
+        """Called by the worker after appending tokens."""
         n = len(self.output_ids)
-        unsent = n - self.sent
-        if unsent > 0 and (unsent >= self.stream_interval or self.sent == 0):
+        if self._notify is not None and n > self.sent and (n - self.sent >= self.stream_interval or not self.sent):
             self.sent = n
-            notify()
+            self._notify()
 
     @property
     def abort_requested(self) -> bool:
@@ -118,22 +105,11 @@ class Job:
             self.state, self.finish_reason = DONE, finish_reason
         self._on_done(self)
 
-    def finish_canned(self) -> None:
-        """End with the canned answer set on the job (nothing is generated)."""
-        output_ids, reason, self.text = self.canned
-        self.output_ids.extend(output_ids)
-        self.finish(dict(reason))
-
-
-def ignore_done(job: Job) -> None:
-    """An `on_done` for a job nobody waits on."""
-
 
 class Backend:
     """Shared worker-thread machinery. Subclasses implement `load` (blocking) and `_work` (the worker loop)."""
 
     name = "backend"
-    canned = False  # the scripted backend's speed mode: one answer for every request
     scheduler = None  # the scripted backend's simulated GPU (`capacity.KVScheduler`), if any
 
     def __init__(self, *, max_batch: int = 16, deterministic: bool = False):
@@ -176,42 +152,29 @@ class Backend:
             self._thread.join(timeout=10)
 
     def submit(self, job: Job) -> None:
-        job.t_submit = time.time()
         self._queue.put(job)
 
     def _take(self, block: bool, limit: int) -> list[Job]:
         """Up to `limit` queued jobs (none when `limit` is 0: a full batch admits nothing)."""
-        if limit <= 0:
-            if block:
-                self._closing.wait(0.001)
-            return []
         jobs: list[Job] = []
+        if limit <= 0 and block:
+            self._closing.wait(0.001)
         try:
-            first = self._queue.get(timeout=0.1) if block else self._queue.get_nowait()
+            while len(jobs) < limit:
+                job = self._queue.get(timeout=0.1) if block and not jobs else self._queue.get_nowait()
+                if job is None:
+                    break
+                jobs.append(job)
         except queue.Empty:
-            return jobs
-        while first is not None:
-            jobs.append(first)
-            if len(jobs) >= limit:
-                break
-            try:
-                first = self._queue.get_nowait()
-            except queue.Empty:
-                break
+            pass
         return jobs
 
     def _run(self) -> None:
         try:
-            self._work()
+            self._work()  # the subclass's worker loop
         except Exception:
             log.exception("%s worker failed", self.name)
             raise
 
     def stop_ids_for(self, params) -> frozenset:
         return stop_token_ids(self.eos_token_ids, params)
-
-    def decode_fn(self, params):
-        if not params.stop_strs:
-            return None
-        tok = self.tokenizer
-        return lambda ids: tok.decode(list(ids), skip_special_tokens=False)

@@ -1,10 +1,8 @@
 """SGLang's native `/generate` wire format as the client uses it, as pure functions: a body split into
-single requests and checked (`parse_generate_body`, `validate_item`), sampling parameters
-(`SamplingParams`), the stopping rules (`check_finish`), the answer (`build_response`).
-
-A refusal is a `RequestError`: its HTTP status and JSON body, in SGLang's `{"error": {"message"}}`
-shape. Only what the client reads is kept to SGLang's form (status, retryable or not, the fields of
-an answer); the messages are the engine's own. Imports nothing of the engine.
+single requests and checked (`parse_generate_body`, `validate_item`), sampling parameters, stopping
+rules (`check_finish`), the answer (`build_response`). A refusal is a `RequestError` (HTTP 400 in
+SGLang's `{"error": {"message"}}` shape): its status is SGLang's, its message the engine's own.
+Imports nothing of the engine.
 """
 
 import dataclasses
@@ -22,19 +20,17 @@ class RequestError(Exception):
 
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
-        self.message = message
-        self.status = status
-        self.body = {"error": {"message": message}}
+        self.message, self.status, self.body = message, status, {"error": {"message": message}}
 
 
-# -- sampling parameters (srt/sampling/sampling_params.py): kind of each key SGLang accepts
+# The type of each sampling parameter the engine takes (SGLang's, less stop strings and constrained
+# decoding, which the client never sends); object: not checked.
 _KINDS = {
-    "max_new_tokens": int, "min_new_tokens": int, "top_k": int, "n": int, "stream_interval": int,
-    "sampling_seed": int, "temperature": float, "top_p": float, "min_p": float, "frequency_penalty": float,
-    "presence_penalty": float, "repetition_penalty": float, "ignore_eos": bool, "skip_special_tokens": bool,
-    "spaces_between_special_tokens": bool, "no_stop_trim": bool, "stop": (str, list), "stop_token_ids": list,
-    "logit_bias": dict, "stop_regex": object, "json_schema": object, "regex": object, "ebnf": object,
-    "structural_tag": object, "custom_params": object, "beam_width": object, "watermark": object, "choice": object,
+    "max_new_tokens": int, "min_new_tokens": int, "top_k": int, "stream_interval": int, "sampling_seed": int,
+    "temperature": float, "top_p": float, "min_p": float, "frequency_penalty": float, "presence_penalty": float,
+    "repetition_penalty": float, "ignore_eos": bool, "skip_special_tokens": bool, "no_stop_trim": bool,
+    "spaces_between_special_tokens": bool, "stop_token_ids": list, "logit_bias": dict, "n": object,
+    "custom_params": object,
 }  # fmt: skip
 TOP_K_ALL = 1 << 30
 
@@ -42,11 +38,9 @@ TOP_K_ALL = 1 << 30
 def _kind_ok(value: Any, kind: Any) -> bool:
     if value is None or kind is object:
         return True
-    if kind is int:
-        return type(value) is int
     if kind is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, kind)
+    return type(value) is int if kind is int else isinstance(value, kind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +48,6 @@ class SamplingParams:
     """One request's sampling parameters after SGLang's defaults and its greedy rule."""
 
     max_new_tokens: int | None = 128
-    stop_strs: tuple[str, ...] = ()
     stop_token_ids: frozenset = frozenset()
     temperature: float = 1.0
     top_p: float = 1.0
@@ -78,52 +71,37 @@ class SamplingParams:
 
     @classmethod
     def from_request(cls, raw: dict[str, Any] | None) -> "SamplingParams":
-        """From the request's dict (None means the default); RequestError for an unknown key or a bad type."""
+        """From the request's dict (null means the default); RequestError for an unknown key or a bad type."""
         raw = dict(raw or {})
         for key, value in raw.items():
-            if key not in _KINDS:
-                raise RequestError(f"unknown sampling parameter {key!r}")
-            if not _kind_ok(value, _KINDS[key]):
-                raise RequestError(f"sampling parameter {key!r}: bad type {type(value).__name__}")
+            if key not in _KINDS or not _kind_ok(value, _KINDS[key]) or key == "n" and value not in (None, 1):
+                raise RequestError(f"sampling parameter {key!r}: unknown, or a bad value {value!r}")
         d = {k: v for k, v in raw.items() if v is not None and k in cls.__dataclass_fields__}
         d["max_new_tokens"] = raw.get("max_new_tokens", 128)
-        stop = raw.get("stop")
-        d["stop_strs"] = (stop,) if isinstance(stop, str) else tuple(stop or ())
         d["stop_token_ids"] = frozenset(int(t) for t in (raw.get("stop_token_ids") or ()) if t is not None)
         if 0 <= d.get("temperature", 1.0) < 1e-6:
             d["temperature"], d["top_k"] = 1.0, 1
         if d.get("top_k") == -1:
             d["top_k"] = TOP_K_ALL
-        d["logit_bias"] = raw.get("logit_bias") or None
-        if raw.get("n") not in (None, 1):
-            raise RequestError("n > 1 is not served by this engine")
-        return cls(**d)
+        return cls(**{**d, "logit_bias": raw.get("logit_bias") or None})
 
     def verify(self, vocab_size: int) -> None:
-        """SGLang's `SamplingParams.verify` bounds (RequestError: HTTP 400)."""
-        checks = [
+        """SGLang's `SamplingParams.verify` bounds (RequestError)."""
+        max_new = self.max_new_tokens
+        for ok, name in (
             (math.isfinite(self.temperature) and self.temperature >= 0.0, "temperature"),
-            (0.0 < self.top_p <= 1.0, "top_p"),
-            (0.0 <= self.min_p <= 1.0, "min_p"),
-            (self.top_k >= 1, "top_k"),
-            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty"),
-            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty"),
+            (0.0 < self.top_p <= 1.0 and 0.0 <= self.min_p <= 1.0 and self.top_k >= 1, "top_p, min_p or top_k"),
+            (-2 <= self.frequency_penalty <= 2 and -2 <= self.presence_penalty <= 2, "a penalty"),
             (0.0 < self.repetition_penalty <= 2.0, "repetition_penalty"),
-            (self.max_new_tokens is None or self.max_new_tokens >= 0, "max_new_tokens"),
-            (
-                self.min_new_tokens >= 0
-                and (self.max_new_tokens is None or self.min_new_tokens <= self.max_new_tokens),
-                "min_new_tokens",
-            ),
-            (all(0 <= int(t) < vocab_size for t in self.logit_bias or ()), "logit_bias"),
+            (max_new is None or 0 <= self.min_new_tokens <= max_new, "max_new_tokens or min_new_tokens"),
+            (self.min_new_tokens >= 0 and all(0 <= int(t) < vocab_size for t in self.logit_bias or ()), "logit_bias"),
             (self.sampling_seed is None or -(2**63) <= self.sampling_seed < 2**63, "sampling_seed"),
-        ]
-        for ok, name in checks:
+        ):  # fmt: skip
             if not ok:
-                raise RequestError(f"{name} is out of range: {getattr(self, name)!r}")
+                raise RequestError(f"{name} out of range: {self}")
 
 
-# -- finish reasons and stopping rules (srt/managers/schedule_batch.py `FINISH_*`, `Req.update_finish_state`)
+# -- finish reasons and stopping rules (schedule_batch.py `FINISH_*`, `Req.update_finish_state`)
 def finish_matched_token(token_id: int) -> dict[str, Any]:
     return {"type": "stop", "matched": int(token_id)}
 
@@ -152,46 +130,31 @@ def min_new_tokens_banned(eos_token_ids, params: SamplingParams) -> frozenset:
     return frozenset(eos_token_ids) | params.stop_token_ids
 
 
-def check_finish(output_ids: Sequence[int], *, params: SamplingParams, stop_ids: frozenset, max_new_tokens: int,
-                 decode: Callable[[Sequence[int]], str] | None = None) -> dict[str, Any] | None:  # fmt: skip
-    """The finish reason once the last token was appended, or None: stop string, stop id, then length."""
-    if params.stop_strs and decode is not None and output_ids:
-        text = decode(output_ids)
-        for s in params.stop_strs:
-            if s and s in text:
-                return {"type": "stop", "matched": s}
+def check_finish(output_ids: Sequence[int], *, stop_ids: frozenset, max_new_tokens: int) -> dict[str, Any] | None:
+    """The finish reason once the last token was appended, or None: a stop id, then the length."""
     if output_ids and output_ids[-1] in stop_ids:
         return finish_matched_token(output_ids[-1])
-    if len(output_ids) >= max_new_tokens:
-        return finish_length(max_new_tokens)
-    return None
+    return finish_length(max_new_tokens) if len(output_ids) >= max_new_tokens else None
 
 
 def decode_output_text(tokenizer: Any, output_ids: Sequence[int], finish_reason, params: SamplingParams) -> str:
-    """`text` of an answer as SGLang's detokenizer makes it: a matched stop id or string trimmed
-    unless `no_stop_trim`."""
+    """`text` as SGLang's detokenizer makes it: a matched stop id trimmed unless `no_stop_trim`."""
     ids = list(output_ids)
     matched = (finish_reason or {}).get("matched")
     if isinstance(matched, int) and not isinstance(matched, bool) and not params.no_stop_trim and ids:
         ids = ids[:-1]
-    text = tokenizer.decode(
-        ids, skip_special_tokens=params.skip_special_tokens,
-        spaces_between_special_tokens=params.spaces_between_special_tokens,
-    )  # fmt: skip
-    if isinstance(matched, str) and (pos := text.find(matched)) != -1:
-        return text[: pos + len(matched)] if params.no_stop_trim else text[:pos]
-    return text
+    spaces = params.spaces_between_special_tokens
+    return tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens, spaces_between_special_tokens=spaces)
 
 
 # -- a /generate body (io_struct.GenerateReqInput, tokenizer_manager._validate_one_request)
 @dataclasses.dataclass
 class GenerateItem:
-    """One single request of a `/generate` body, in input order."""
+    """One single request of a `/generate` body, in input order (`sampling_params` as received)."""
 
-    index: int
     rid: str
     input_ids: list[int]
-    sampling_params: dict[str, Any]  # as received
+    sampling_params: dict[str, Any]
     params: SamplingParams
 
 
@@ -202,68 +165,51 @@ class ParsedGenerate:
     stream: bool
 
 
-def _ids_ok(v: Any) -> bool:
+def _ids(v: Any) -> bool:
     return isinstance(v, list) and all(type(t) is int for t in v)
 
 
-def _strs_ok(v: Any) -> bool:
+def _strs(v: Any) -> bool:
     return v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))
-
-
-def _check_fields(body: Any) -> None:
-    """The body's field types, as SGLang's request schema refuses them (HTTP 400)."""
-    if not isinstance(body, dict):
-        raise RequestError("the body must be a JSON object")
-    ids, sp = body.get("input_ids"), body.get("sampling_params")
-    ids_ok = ids is None or _ids_ok(ids) or (isinstance(ids, list) and all(_ids_ok(row) for row in ids))
-    sp_ok = sp is None or isinstance(sp, dict) or (isinstance(sp, list) and all(isinstance(s, dict) for s in sp))
-    stream_ok = "stream" not in body or isinstance(body["stream"], bool)
-    for ok, name in ((ids_ok, "input_ids"), (sp_ok, "sampling_params"), (stream_ok, "stream"),
-                     (_strs_ok(body.get("text")), "text"), (_strs_ok(body.get("rid")), "rid")):  # fmt: skip
-        if not ok:
-            raise RequestError(f"field {name!r} has a bad type")
-    if body.get("text") is None and not ids:
-        raise RequestError("Either text or input_ids should be provided, and not empty.")
 
 
 def parse_generate_body(body: Any, *, tokenize: Callable[[str], list[int]] | None = None,
                         new_rid: Callable[[], str] = lambda: uuid.uuid4().hex) -> ParsedGenerate:  # fmt: skip
-    """Split a `/generate` JSON body into single requests (RequestError as SGLang refuses it)."""
-    _check_fields(body)
-    prompts = body["text"] if body.get("text") is not None else body["input_ids"]
+    """Split a `/generate` JSON body into single requests; RequestError where SGLang refuses it."""
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object")
+    ids, sp, rid = body.get("input_ids"), body.get("sampling_params"), body.get("rid")
+    if not (
+        (ids is None or _ids(ids) or (isinstance(ids, list) and all(map(_ids, ids))))
+        and (sp is None or isinstance(sp, dict) or (isinstance(sp, list) and all(isinstance(s, dict) for s in sp)))
+        and isinstance(body.get("stream", False), bool) and _strs(body.get("text")) and _strs(rid)
+    ):  # fmt: skip
+        raise RequestError("a field of the body has a bad type")
+    prompts = body["text"] if body.get("text") is not None else ids
     is_single = isinstance(prompts, str) or (bool(prompts) and type(prompts[0]) is int)
-    prompts = [prompts] if is_single else list(prompts)
+    prompts = [prompts] if is_single else list(prompts or [])
     n = len(prompts)
-    rid = body.get("rid")
-    if is_single:
-        if isinstance(rid, list):
-            raise RequestError("The rid should be a string for a single request.")
-        rids = [rid if rid is not None else new_rid()]
-    else:
-        rids = [new_rid() for _ in range(n)] if rid is None else rid
-        rids = [f"{rid}_{i}" for i in range(n)] if isinstance(rid, str) else rids
-        if len(rids) != n or len(set(rids)) != n:
-            raise RequestError(f"The rids must be distinct, one per request: {rids}")
-    sp = body.get("sampling_params")
-    sps = [dict(sp or {}) for _ in range(n)] if not isinstance(sp, list) else [dict(s) for s in sp]
-    if len(sps) != n:
-        raise RequestError("The length of sampling_params should be equal to the batch size.")
+    if is_single and isinstance(rid, list):
+        raise RequestError("The rid should be a string for a single request.")
+    rids = [new_rid() for _ in range(n)] if rid is None else [rid] if is_single else rid
+    rids = [f"{rid}_{i}" for i in range(n)] if isinstance(rid, str) and not is_single else rids
+    sps = [dict(s) for s in sp] if isinstance(sp, list) else [dict(sp or {}) for _ in range(n)]
+    if not n or len(rids) != n or len(set(rids)) != n or len(sps) != n:
+        raise RequestError("a body needs a prompt, and one distinct rid and sampling_params per prompt")
     items = []
     for i, (prompt, sp_i) in enumerate(zip(prompts, sps)):
-        ids = list(tokenize(prompt)) if isinstance(prompt, str) and tokenize else prompt
-        if not isinstance(ids, list) or not ids:
+        prompt = list(tokenize(prompt)) if isinstance(prompt, str) and tokenize else prompt
+        if not isinstance(prompt, list) or not prompt:
             raise RequestError("input_ids cannot be empty.")
-        items.append(GenerateItem(i, rids[i], list(ids), sp_i, SamplingParams.from_request(sp_i)))
+        items.append(GenerateItem(rids[i], list(prompt), sp_i, SamplingParams.from_request(sp_i)))
     return ParsedGenerate(items, is_single, bool(body.get("stream")))
 
 
 def validate_item(item: GenerateItem, *, context_len: int, vocab_size: int | None) -> None:
     """The context-length checks, then the sampling bounds, for one item (RequestError)."""
     n, requested = len(item.input_ids), item.sampling_params.get("max_new_tokens")
-    if n >= context_len:
-        raise RequestError(f"The input ({n} tokens) is longer than the model's context length ({context_len} tokens).")
-    if requested is not None and requested + n > context_len:
-        raise RequestError(f"Requested token count exceeds the model's maximum context length of {context_len} tokens.")
+    if n >= context_len or (requested is not None and requested + n > context_len):
+        raise RequestError(f"{n} input tokens and max_new_tokens {requested} exceed the context length {context_len}.")
     if vocab_size is not None and (min(item.input_ids) < 0 or max(item.input_ids) >= vocab_size):
         # SGLang fails inside the model; the engine refuses it up front instead of crashing its worker.
         raise RequestError(f"input_ids hold a token id outside the vocabulary [0, {vocab_size}).")
@@ -289,8 +235,7 @@ def build_response(*, rid: str, text: str, output_ids: Sequence[int], finish_rea
         meta.update({"weight_version": "default", "e2e_latency": e2e_latency, "completion_tokens": n})
     else:
         meta.update({"prompt_tokens": prompt_tokens, "weight_version": "default", "num_retractions": num_retractions})
-        if queue_time is not None:
-            meta["queue_time"] = queue_time
+        meta.update({} if queue_time is None else {"queue_time": queue_time})
         meta.update({"reasoning_tokens": 0, "completion_tokens": n, "cached_tokens": 0,
                      "weight_versions": [{"version": "default", "start": 0, "end": n}],
                      "cached_tokens_details": None, "dp_rank": None, "e2e_latency": e2e_latency})  # fmt: skip

@@ -1,38 +1,23 @@
 """The scripted backend: no model; `script.AnswerScript`'s answers, produced at once (or at a set pace
-per token, so that aborts find them running), canned, or paced by a simulated GPU (`ScheduledWorker`).
-
-Imports `protocol`, `capacity`, `jobs`, `loops` and `script`.
+per token, so that aborts find them running), or paced by a simulated GPU (`ScheduledWorker`).
+Imports `protocol`, `capacity`, `jobs` and `script`.
 """
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
 from eagle3_datagen.engine.capacity import KVScheduler
-from eagle3_datagen.engine.jobs import DONE, RUNNING, WAITING, Backend, Job, ignore_done
-from eagle3_datagen.engine.loops import LoopPlan
-from eagle3_datagen.engine.protocol import (
-    GenerateItem,
-    check_finish,
-    decode_output_text,
-    finish_abort,
-    finish_length,
-    finish_matched_token,
-    min_new_tokens_banned,
-)
+from eagle3_datagen.engine.jobs import DONE, RUNNING, WAITING, Backend, Job
+from eagle3_datagen.engine.protocol import check_finish, finish_abort, finish_length, min_new_tokens_banned
+from eagle3_datagen.engine.script import AnswerScript
 
 
 class ScriptedBackend(Backend):
     """Deterministic outputs shaped like a reasoning model's, from a tokenizer alone (`AnswerScript`),
-    under the model backend's stopping rules; a ramble runs to `max_new_tokens`.
-
-    `answer_tokens=(lo, hi)` makes the reasoning long (scale benchmarks); such answers are made whole
-    where no stop string or min_new_tokens needs the token-wise rules. `canned=True` (speed mode for
-    benchmarking clients) plans one answer from the first request and gives it to every request, cut
-    by its own budget and stopping parameters; the server answers those without the worker thread.
-    With a `capacity.KVScheduler` every answer is made at once, then paced by the simulated GPU.
-    """
+    under the model backend's stopping rules. Long answers (`answer_tokens`) are made whole where no
+    min_new_tokens needs the token-wise rules. With a `capacity.KVScheduler` every answer is
+    made at once, then paced by the simulated GPU."""
 
     name = "scripted"
 
@@ -40,64 +25,32 @@ class ScriptedBackend(Backend):
                  max_batch: int = 16, ramble_rate: float = 0.15, tool_rate: float = 0.5, eos_rate: float = 0.0,
                  trust_remote_code: bool = False, deterministic: bool = False,
                  answer_tokens: tuple[int, int] | None = None, answer_spread: str = "uniform",
-                 canned: bool = False, scheduler: KVScheduler | None = None):  # fmt: skip
+                 scheduler: KVScheduler | None = None):  # fmt: skip
         super().__init__(max_batch=max_batch, deterministic=deterministic)
-        self.scheduler = scheduler
+        self.scheduler, self.trust_remote_code, self.token_delay_s = scheduler, trust_remote_code, token_delay_s
         # The scheduler's `load()` as of its last step, published by the worker for `/v1/loads`.
         self.load_snapshot: dict[str, Any] | None = scheduler.load() if scheduler is not None else None
-        self.trust_remote_code = trust_remote_code
-        self.tokenizer_dir = Path(tokenizer_dir)
-        self.model_dir = Path(model_dir) if model_dir is not None else None
-        self.token_delay_s = token_delay_s
-        self.canned = canned
-        self._canned_origin: tuple[list[int], int | None] | None = None
-        self._canned_answers: dict[tuple, tuple] = {}
+        self.tokenizer_dir, self.model_dir = Path(tokenizer_dir), Path(model_dir) if model_dir else None
         self.script_options = dict(ramble_rate=ramble_rate, tool_rate=tool_rate, eos_rate=eos_rate,
                                    answer_tokens=answer_tokens, answer_spread=answer_spread)  # fmt: skip
-        self.answer_tokens = answer_tokens
-        self.script = None
+        self.answer_tokens, self.script = answer_tokens, None
 
     def load(self) -> None:
-        from eagle3_datagen.engine.script import AnswerScript
-
         self.load_facts(self.model_dir, self.tokenizer_dir)
-        self.script = AnswerScript(
-            self.tokenizer, self.eos_token_ids, deterministic=self.deterministic, **self.script_options
-        )
+        self.script = AnswerScript(self.tokenizer, self.eos_token_ids, deterministic=self.deterministic,
+                                   **self.script_options)  # fmt: skip
 
     def answer(self, job: Job) -> tuple[list[int], dict[str, Any]]:
         """`job`'s whole output and finish reason, made at once (no pacing, no abort); `job` is untouched."""
-        shadow = Job(job.item, max_new_tokens=job.max_new_tokens, on_done=ignore_done)
+        shadow = Job(job.item, max_new_tokens=job.max_new_tokens, on_done=lambda job: None)
         shadow.loop, shadow.state = job.loop, RUNNING
         self._generate(shadow, pace=False)
         return shadow.output_ids, shadow.finish_reason
-
-    def canned_answer(self, item: GenerateItem, max_new_tokens: int, loop: LoopPlan | None = None) -> tuple:
-        """(output_ids, finish_reason, text) for a request in `canned` mode: the first request's
-        planned output, stopped by this one's budget and stopping parameters; turned into `loop`."""
-        p = item.params
-        key = (max_new_tokens, p.ignore_eos, p.stop_token_ids, p.stop_strs, p.min_new_tokens,
-               p.skip_special_tokens, p.spaces_between_special_tokens, p.no_stop_trim, loop)  # fmt: skip
-        answer = self._canned_answers.get(key)
-        if answer is None:
-            if self._canned_origin is None:
-                self._canned_origin = (list(item.input_ids), p.sampling_seed)
-            ids, seed = self._canned_origin
-            origin = GenerateItem(0, item.rid, ids, item.sampling_params, dataclasses.replace(p, sampling_seed=seed))
-            job = Job(origin, max_new_tokens=max_new_tokens, on_done=ignore_done)
-            job.loop = loop
-            output_ids, reason = self.answer(job)
-            answer = (output_ids, reason, decode_output_text(self.tokenizer, output_ids, reason, p))
-            if len(self._canned_answers) >= 4096:
-                self._canned_answers.clear()
-            self._canned_answers[key] = answer
-        return answer
 
     def _generate(self, job: Job, *, pace: bool = True) -> None:
         params, script = job.params, self.script
         stop_ids = self.stop_ids_for(params)
         banned = min_new_tokens_banned(self.eos_token_ids, params)
-        decode = self.decode_fn(params)
         planned = script.plan(job)
         rng = script.rng(job)
         if job.max_new_tokens <= 0:
@@ -109,7 +62,7 @@ class ScriptedBackend(Backend):
         if self.answer_tokens is not None:
             if len(planned) < job.max_new_tokens:  # a ramble runs on in reasoning words
                 planned = planned + script.long_words(rng, job.max_new_tokens - len(planned))
-            if decode is None and not params.min_new_tokens and not paced:
+            if not params.min_new_tokens and not paced:
                 self._generate_whole(job, planned, stop_ids)
                 return
         pos = 0
@@ -122,8 +75,7 @@ class ScriptedBackend(Backend):
             if len(job.output_ids) < params.min_new_tokens and token in banned:
                 token = script.filler(rng)  # the min-new-tokens mask
             job.output_ids.append(token)
-            reason = check_finish(job.output_ids, params=params, stop_ids=stop_ids,
-                                  max_new_tokens=job.max_new_tokens, decode=decode)  # fmt: skip
+            reason = check_finish(job.output_ids, stop_ids=stop_ids, max_new_tokens=job.max_new_tokens)
             if reason is not None:
                 job.finish(reason)
                 return
@@ -136,7 +88,7 @@ class ScriptedBackend(Backend):
         output = planned[: job.max_new_tokens]
         end = next((i for i, t in enumerate(output) if t in stop_ids), None) if stop_ids else None
         job.output_ids.extend(output if end is None else output[: end + 1])
-        job.finish(finish_length(len(output)) if end is None else finish_matched_token(output[end]))
+        job.finish(finish_length(len(output)) if end is None else {"type": "stop", "matched": output[end]})
 
     def _work(self) -> None:
         if self.scheduler is not None:
@@ -144,11 +96,7 @@ class ScriptedBackend(Backend):
             return
         while not self._closing.is_set():
             for job in self._take(block=True, limit=self.max_batch):
-                if not job.try_start():
-                    continue
-                if job.canned is not None:
-                    job.finish_canned()
-                else:
+                if job.try_start():
                     self._generate(job)
 
 
@@ -159,8 +107,8 @@ class ScheduledWorker:
 
     def __init__(self, backend: ScriptedBackend):
         self.backend, self.sched = backend, backend.scheduler
-        self.held: dict[Job, tuple[list[int], dict, str | None]] = {}
-        self._t0 = time.monotonic()
+        self.held: dict[Job, tuple[list[int], dict]] = {}  # each job's whole answer
+        self._t0 = 0.0  # the monotonic clock's reading at the scheduler's virtual 0
 
     def run(self) -> None:
         backend, sched = self.backend, self.sched
@@ -191,7 +139,7 @@ class ScheduledWorker:
             time.sleep(0.001)  # nothing could run this round
         for stats in finished:
             self._finish(stats)
-        for job, (output_ids, _, _) in self.held.items():  # streamed jobs get their tokens so far
+        for job, (output_ids, _) in self.held.items():  # streamed jobs get their tokens so far
             n = min(sched.progress(job), len(output_ids))
             if job._notify is not None and job.state != DONE and n > len(job.output_ids):
                 job.output_ids.extend(output_ids[len(job.output_ids) : n])
@@ -204,13 +152,13 @@ class ScheduledWorker:
             if job.try_start():
                 job.finish(finish_length(0))
             return
-        self.held[job] = job.canned if job.canned is not None else (*self.backend.answer(job), None)
+        self.held[job] = self.backend.answer(job)
         self.sched.add(job, len(job.input_ids), len(self.held[job][0]), job.max_new_tokens)
 
     def _drop_aborted(self) -> None:
         for job in [j for j in self.held if j.state == DONE or j.abort_requested]:
             stats = self.sched.abort(job)
-            output_ids, _, _ = self.held.pop(job)
+            output_ids, _ = self.held.pop(job)
             if job.state != DONE and stats is not None:
                 job.output_ids.extend(output_ids[len(job.output_ids) : stats.output_len])
                 job.stats = {"num_retractions": stats.num_retractions, "queue_time": stats.queue_time}
@@ -218,7 +166,7 @@ class ScheduledWorker:
 
     def _finish(self, stats) -> None:
         job: Job = stats.key
-        output_ids, reason, text = self.held.pop(job)
+        output_ids, reason = self.held.pop(job)
         if job.state == DONE:  # aborted while waiting, and already answered so
             return
         if stats.error is not None:
@@ -226,6 +174,5 @@ class ScheduledWorker:
             job.finish(finish_abort(stats.error, stats.status_code))
             return
         job.output_ids.extend(output_ids[len(job.output_ids) :])
-        job.text = text
         job.stats = {"num_retractions": stats.num_retractions, "queue_time": stats.queue_time}
         job.finish(dict(reason))

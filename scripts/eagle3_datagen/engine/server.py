@@ -1,16 +1,11 @@
-"""The state behind the web app's routes (`EngineServer`), and its routes besides `/generate` (SGLang's
-names): `/health` (`/health_generate`), `/server_info`, `/model_info`, `/abort_request`, `/flush_cache`
-(no prefix cache here: it only refuses while requests are in flight), `/v1/loads`.
+"""The state behind the web app's routes (`EngineServer`), the injected faults (`Faults`), and the
+routes besides `/generate` (SGLang's names): `/health`, `/server_info`, `/model_info`, `/abort_request`,
+`/flush_cache` (no prefix cache here: it only refuses while requests are in flight), `/v1/loads`.
 
-Every request served is appended to the record (`record_path`) as one JSON line when it ends: one
-line per single request of a body that ran, one per body refused or failed as a whole. Keys: `rid`,
-`input_ids`, `sampling_params` (as received), `output_ids`, `finish_reason`, `status` (HTTP status;
-499 when the client went away first, null for an injected reset or hang), `t_start`, `t_end`,
-`error`, `fault`, and on a request's line `loop` (`{"onset", "period"}` when it was made to loop).
-
-Faults for tests (`Faults`, every draw from one seeded RNG): added latency, HTTP 500/503, connection
-resets, hangs until the client goes away, and rids that always fail.
-
+The record (`record_path`) gets one JSON line per single request of a body that ran, one per body
+refused or failed as a whole: `rid`, `input_ids`, `sampling_params` (as received), `output_ids`,
+`finish_reason`, `status` (499: the client went away first; null: an injected reset or hang),
+`t_start`, `t_end`, `error`, `fault`, and on a request's line `loop` ({"onset", "period"} or null).
 Imports `settings`, `protocol`, `capacity`, `jobs` and `loops`.
 """
 
@@ -25,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from eagle3_datagen.engine.capacity import load_entry
@@ -140,18 +136,16 @@ class EngineServer:
                     output_ids=None, finish_reason=None, status=status, t_start=t_start, t_end=time.time(),
                     error=error, fault=fault)  # fmt: skip
 
-    def record_answer(self, item: GenerateItem, output_ids, finish_reason, status: int, t_start: float, loop=None):
+    def record_job(self, job: Job, status: int, t_start: float) -> None:
+        item, loop = job.item, job.loop
         self._write(rid=item.rid, input_ids=item.input_ids, sampling_params=item.sampling_params,
-                    output_ids=list(output_ids), finish_reason=finish_reason, status=status, t_start=t_start,
+                    output_ids=list(job.output_ids), finish_reason=job.finish_reason, status=status, t_start=t_start,
                     t_end=time.time(), error=None, fault=None, loop=loop.as_dict() if loop else None)  # fmt: skip
         if status == 200:
             self.served += 1
             if self.die_after is not None and self.served >= self.die_after:
                 log.error("dying on purpose after %d requests (--die-after)", self.served)
                 os._exit(5)
-
-    def record_job(self, job: Job, status: int, t_start: float) -> None:
-        self.record_answer(job.item, job.output_ids, job.finish_reason, status, t_start, loop=job.loop)
 
     def max_new_tokens(self, item: GenerateItem) -> int:
         """The request's budget clamped to what the context (and the simulated KV pool) allows."""
@@ -208,7 +202,7 @@ async def read_json(request: web.Request) -> Any:
     if not raw or not (content_type == "application/json" or content_type.endswith("+json")):
         return json_response({"detail": "the body must be JSON (Content-Type: application/json)"}, 400)
     try:
-        return json.loads(raw)
+        return orjson.loads(raw)
     except ValueError as e:
         return json_response({"detail": f"JSON decode error: {e}"}, 400)
 
