@@ -268,6 +268,7 @@ def test_the_model_backend_streams_greedy_tokens_and_loops_on_purpose(demo_model
         backend, fn, context_length=2048, incremental_streaming_output=True, loops=inj
     )
     assert [t for c in chunks for t in c["output_ids"]] == whole["output_ids"] and len(chunks) > 2
-    assert [c["meta_info"]["completion_tokens"] for c in chunks][:3] == [1, 4, 7]
+    # a chunk every 3 tokens after the first (chunks the writer had not sent yet are joined)
+    assert all((c["meta_info"]["completion_tokens"] - 1) % 3 == 0 for c in chunks[:-1])
     assert len(looped["output_ids"]) == 24 and looped_from(looped["output_ids"], LoopPlan(6, 3))
     assert looped["output_ids"][:6] == whole["output_ids"][:6]
