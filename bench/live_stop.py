@@ -44,7 +44,7 @@ from _harness import ROOT, BenchParser, write_figures
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from eagle3_datagen.engine.server.state import read_record  # noqa: E402
+from eagle3_datagen.engine.server import read_record  # noqa: E402
 from eagle3_datagen.generation.client import GenerateClient  # noqa: E402
 from eagle3_datagen.generation.requests import Request, RequestTemplate, parse_rid  # noqa: E402
 from eagle3_datagen.generation.servers import ManagedServer, free_port  # noqa: E402

@@ -88,7 +88,7 @@ def tokenizers_loaded_once_per_process():
     after step, and each load takes most of a second (most of the time of test-fast, were it not
     shared). Keyed on the directory, its files and trust_remote_code, so a tokenizer rewritten in
     place is loaded again; errors are not kept. Every module that imported the function gets the
-    shared one (the engine's own loader, `engine.model_facts.load_tokenizer`, already shares).
+    shared one (the engine's own loader, `engine.jobs.load_tokenizer`, already shares).
     """
     import functools
 

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from eagle3_datagen.engine.server.app import create_app
+from eagle3_datagen.engine.app import create_app
 
 STARTUP_TIMEOUT_S = 300
 
@@ -75,7 +75,7 @@ def running_engine(backend, *, context_length=4096, faults=None, record=None, **
 
 def serve(backend, fn, *, context_length: int, **app_kwargs):
     """Run `await fn(client)` (an aiohttp TestClient) against the app of `backend` on a loopback port,
-    once the backend is ready; `app_kwargs` go to create_app (record_path, faults, version, ...)."""
+    once the backend is ready; `app_kwargs` go to create_app (record_path, faults, enable_metrics, ...)."""
 
     async def main():
         app = create_app(backend, context_length=context_length, model_path="m", tokenizer_path="t", **app_kwargs)

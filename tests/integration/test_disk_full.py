@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from conftest import conversations
-from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.scripted import ScriptedBackend
 from eagle3_datagen.generation.locks import ShardLock
 from eagle3_datagen.generation.requests import parse_rid
 from eagle3_datagen.steps.export_dataset import JsonlWriter, merge_datasets

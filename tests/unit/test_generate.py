@@ -6,8 +6,8 @@ import json
 import pytest
 
 from conftest import conversations
-from eagle3_datagen.engine.backends.scripted import ScriptedBackend
-from eagle3_datagen.engine.server.faults import Faults
+from eagle3_datagen.engine.scripted import ScriptedBackend
+from eagle3_datagen.engine.server import Faults
 from eagle3_datagen.generation.assemble import assemble
 from eagle3_datagen.generation.planning import make_builder, make_plan, shard_of
 from eagle3_datagen.generation.run import TooManyFailures

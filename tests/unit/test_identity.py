@@ -8,8 +8,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from eagle3_datagen.engine.protocol import finish, responses
-from eagle3_datagen.engine.protocol.sampling import SamplingParams
+from eagle3_datagen.engine.protocol import SamplingParams, decode_output_text, finish_length
 from eagle3_datagen.generation.identity import (
     AnswerCheck,
     ServerMismatch,
@@ -60,7 +59,7 @@ def test_the_engines_text_and_sglangs_pass_for_byte_level_tokenizers(tokenizer):
     prompt = tokenizer.encode("Question: what is 6 x 7?", add_special_tokens=False)
     for _ in range(6):
         ids = answer_ids(tokenizer, rng)
-        engine_text = responses.decode_output_text(tokenizer, ids, finish.finish_length(len(ids)), OUR_PARAMS)
+        engine_text = decode_output_text(tokenizer, ids, finish_length(len(ids)), OUR_PARAMS)
         assert engine_text == tokenizer.decode(ids, skip_special_tokens=False)
         assert check_answer_text(engine_text, ids, tokenizer) is None
         assert check_answer_text(engine_text, ids, tokenizer, prompt_ids=prompt) is None

@@ -322,8 +322,8 @@ def test_the_generate_step_stops_loops_live_and_resends_only_what_new_settings_w
     ones as the engine answered them; a rerun reuses the loop rows while the settings stop them, and
     sends them again when the live stop is off."""
     from conftest import conversations
-    from eagle3_datagen.engine.backends.loops import LoopInjection
-    from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+    from eagle3_datagen.engine.loops import LoopInjection
+    from eagle3_datagen.engine.scripted import ScriptedBackend
     from eagle3_datagen.steps.generate import generate
     from eagle3_datagen.storage.tables import read_provenance, read_rows
     from engine_thread import running_engine

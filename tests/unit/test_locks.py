@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import conversations
-from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.scripted import ScriptedBackend
 from eagle3_datagen.generation.locks import ShardBusy, ShardLock
 from engine_thread import running_engine
 from polling import wait_until
@@ -73,7 +73,7 @@ print(json.dumps({"ok": True}))
 def test_two_jobs_for_one_shard_started_together_send_each_row_once(make_prompts, qwen3_tokenizer_dir, tmp_path):
     """The first job is held (SIGSTOP) once it has journalled a row, until the second has ended: the
     second always meets it mid-run, however slowly either starts; the first's requests wait for it."""
-    from eagle3_datagen.engine.server.faults import Faults
+    from eagle3_datagen.engine.server import Faults
     from eagle3_datagen.settings import defaults
     from eagle3_datagen.storage.tables import read_rows
 

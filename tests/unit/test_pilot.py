@@ -8,8 +8,8 @@ import math
 import pytest
 
 from conftest import conversations, tokenize_file
-from eagle3_datagen.engine.backends.scripted import ScriptedBackend
-from eagle3_datagen.engine.server.faults import Faults
+from eagle3_datagen.engine.scripted import ScriptedBackend
+from eagle3_datagen.engine.server import Faults
 from eagle3_datagen.generation.projection import category_rows, project, wilson_interval
 from eagle3_datagen.generation.requests import parse_rid
 from eagle3_datagen.quality.flags import CODES, LOOP_FINISH, QualityFacts, QualitySettings

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from conftest import conversations
-from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.scripted import ScriptedBackend
 from eagle3_datagen.generation.locks import ShardLock
 from eagle3_datagen.generation.progress import ShardProgress, lock_held, progress_path, recent_rate, tail, view
 from eagle3_datagen.steps import status

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import QWEN3_MODEL, conversations
-from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.scripted import ScriptedBackend
 from eagle3_datagen.settings import defaults
 from eagle3_datagen.steps.check_parsers import check_parsers
 from eagle3_datagen.steps.check_sequences import check_sequences

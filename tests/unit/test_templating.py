@@ -253,7 +253,7 @@ def test_the_stop_set_is_every_id_sglang_stops_on(qwen3, tmp_path):
     """The profile's stop tokens, the tokenizer's eos, config.json and generation_config.json
     eos_token_id (an int or a list) and SGLang's additional turn-final markers; the same set as the
     local engine derives for itself, as SGLang's scheduler does."""
-    from eagle3_datagen.engine.model_facts import read_eos_token_ids
+    from eagle3_datagen.engine.jobs import read_eos_token_ids
     from eagle3_datagen.tokens.token_facts import stop_set
 
     tokenizer, profile = qwen3

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import conversations
-from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.scripted import ScriptedBackend
 from eagle3_datagen.settings import defaults
 from eagle3_datagen.steps.export_dataset import export_dataset, merge_dataset
 from eagle3_datagen.steps.generate import generate

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.scripted import ScriptedBackend
 from eagle3_datagen.generation.planning import make_builder, make_plan, open_journal
 from eagle3_datagen.generation.turns import splice_tool_results, turn_ends
 from eagle3_datagen.settings import Budget, ModelProfile, defaults

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from conftest import conversations
-from eagle3_datagen.engine.backends.scripted import ScriptedBackend
+from eagle3_datagen.engine.scripted import ScriptedBackend
 from eagle3_datagen.generation.client import GenerateClient, run_loop
 from eagle3_datagen.generation.identity import AnswerCheck, ServerMismatch
 from eagle3_datagen.generation.journal import Journal

@@ -1,11 +1,8 @@
-"""Repetition loops made on purpose, for tests and benchmarks of loop detection: which requests
-degenerate into a loop, where and with which period (`LoopInjection.plan` -> `LoopPlan`), and the
-output such a request gives (`LoopPlan.apply`, `LoopPlan.forced`).
+"""Repetition loops made on purpose, for tests and benchmarks of loop detection: which requests loop,
+where and with which period (`LoopInjection.plan` -> `LoopPlan`), and the output such a request gives.
 
-A request is drawn from a hash of its row (the rid without its last two dot-separated parts, the
-client's run nonce and attempt, so that every retry and every run draws the same), or of its
-prompt when the rid has no such parts. A request not drawn never loops.
-
+A request is drawn from a hash of its row (the rid without the client's run nonce and attempt, so
+that every retry and every run draws the same), or of its prompt when the rid has no such parts.
 Imports nothing of the engine.
 """
 

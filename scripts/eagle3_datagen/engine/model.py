@@ -1,34 +1,23 @@
 """The model backend: a transformers causal LM on CPU with continuous batching (`ModelBackend`).
-
-New requests are prefilled alone, then joined to the running batch (left padding plus an attention
-mask and explicit positions); each row stops on its own.
-
-Imports `protocol`, `model_facts` and `backends.jobs` (torch and transformers when it loads).
+Imports `protocol` and `jobs` (torch and transformers when it loads).
 """
 
 import logging
 import random
 from pathlib import Path
-from typing import Any
 
-from eagle3_datagen.engine.backends.jobs import Backend, Job
-from eagle3_datagen.engine.model_facts import load_tokenizer, read_config, read_eos_token_ids
-from eagle3_datagen.engine.protocol.finish import check_finish, finish_abort, finish_length, min_new_tokens_banned
+from eagle3_datagen.engine.jobs import Backend, Job
+from eagle3_datagen.engine.protocol import check_finish, finish_abort, finish_length, min_new_tokens_banned
 
 log = logging.getLogger(__name__)
 
 
 class _Row:
-    __slots__ = ("job", "logits", "seq_len", "generator", "stop_ids", "banned", "decode", "counts", "gram")
+    """One running request: its last logits, length, RNG, stopping sets and the counts the penalties read."""
 
-    def __init__(self, job: Job, logits, seq_len: int, generator, stop_ids, banned, decode):
-        self.job = job
-        self.logits = logits
-        self.seq_len = seq_len
-        self.generator = generator
-        self.stop_ids = stop_ids
-        self.banned = banned
-        self.decode = decode
+    def __init__(self, job: Job, logits, seq_len: int, generator, stop_ids, banned):
+        self.job, self.logits, self.seq_len, self.generator = job, logits, seq_len, generator
+        self.stop_ids, self.banned = stop_ids, banned
         self.counts: dict[int, int] = {}
         self.gram: list[int] | None = None  # the n-gram a looping row repeats, from its onset on
 
@@ -44,57 +33,30 @@ class _Row:
 
 
 class ModelBackend(Backend):
-    """A transformers causal LM on CPU, serving many requests at once.
-
-    Each new request is prefilled alone, then its KV cache is joined to the running batch; one
-    forward pass per step decodes every running row. Rows sit left-padded in a shared cache with an
-    attention mask and explicit position ids, so padding never changes a row's result; a row leaves
-    the batch as soon as it finishes. Sampling is per row: greedy when top_k == 1 (SGLang's
-    temperature < 1e-6 rule), else temperature/top-k/top-p/min-p with a per-request
-    `torch.Generator` seeded from `sampling_seed` (a fresh random seed without one). Frequency,
-    presence and repetition penalties apply to the tokens generated so far.
-    """
+    """A transformers causal LM on CPU: each new request is prefilled alone, then its KV cache joins the
+    running batch (left-padded, with an attention mask and explicit positions, so padding never changes
+    a row's result); one forward pass per step decodes every row, and a row leaves once finished.
+    Sampling is per row: greedy when top_k == 1, else temperature/top-k/top-p/min-p with a per-request
+    `torch.Generator` seeded from `sampling_seed` (a random seed without one or without deterministic
+    mode); the penalties apply to the tokens generated so far."""
 
     name = "model"
 
-    def __init__(
-        self,
-        model_dir: Path,
-        *,
-        tokenizer_dir: Path | None = None,
-        max_batch: int = 16,
-        num_threads: int = 1,
-        dtype: str = "float32",
-        trust_remote_code: bool = False,
-        deterministic: bool = False,
-    ):
+    def __init__(self, model_dir: Path, *, tokenizer_dir: Path | None = None, max_batch: int = 16,
+                 trust_remote_code: bool = False, deterministic: bool = False):  # fmt: skip
         super().__init__(max_batch=max_batch, deterministic=deterministic)
-        self.trust_remote_code = trust_remote_code
-        self.model_dir = Path(model_dir)
+        self.trust_remote_code, self.model_dir, self.model = trust_remote_code, Path(model_dir), None
         self.tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else self.model_dir
-        self.num_threads = num_threads
-        self.dtype = dtype
-        self.model: Any = None
-        self.tokens_generated = 0
 
     def load(self) -> None:
         import torch
         from transformers import AutoModelForCausalLM
 
-        torch.set_num_threads(self.num_threads)
-        self.tokenizer = load_tokenizer(self.tokenizer_dir, self.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=getattr(torch, self.dtype))
-        model.eval()
-        self.model = model
-        cfg = read_config(self.model_dir)
-        self.model_type = cfg.get("model_type")
-        self.architectures = cfg.get("architectures")
-        self.vocab_size = int(model.config.vocab_size)
-        self.eos_token_ids = read_eos_token_ids(
-            self.model_dir, self.tokenizer.eos_token_id, self.tokenizer.get_added_vocab()
-        )
+        torch.set_num_threads(1)
+        self.load_facts(self.model_dir, self.tokenizer_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32).eval()
+        self.vocab_size = int(self.model.config.vocab_size)
 
-    # -- cache surgery
     @staticmethod
     def _kv(cache) -> list[tuple]:
         return [(layer.keys, layer.values) for layer in cache.layers]
@@ -146,7 +108,6 @@ class ModelBackend(Backend):
         kv = [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:]) for k, v in kv]
         return kv, mask
 
-    # -- sampling
     def _next_token(self, row: _Row) -> int:
         import torch
 
@@ -194,22 +155,15 @@ class ModelBackend(Backend):
         gen = torch.Generator()
         seed = job.params.sampling_seed if self.deterministic else None  # ignored, as SGLang does
         gen.manual_seed(seed % (1 << 63) if seed is not None else random.getrandbits(63))
-        row = _Row(
-            job,
-            out.logits[0, -1],
-            len(job.input_ids),
-            gen,
-            self.stop_ids_for(job.params),
-            min_new_tokens_banned(self.eos_token_ids, job.params),
-            self.decode_fn(job.params),
-        )
+        banned = min_new_tokens_banned(self.eos_token_ids, job.params)
+        row = _Row(job, out.logits[0, -1], len(job.input_ids), gen, self.stop_ids_for(job.params), banned)
         mask = torch.ones((1, len(job.input_ids)), dtype=torch.long)
         return row, self._kv(out.cache), mask
 
     def _work(self) -> None:
         import torch
 
-        torch.set_num_threads(self.num_threads)
+        torch.set_num_threads(1)
         rows: list[_Row] = []
         kv = None
         mask = None
@@ -244,14 +198,7 @@ class ModelBackend(Backend):
                         token = self._next_token(row)
                     job.output_ids.append(token)
                     row.counts[token] = row.counts.get(token, 0) + 1
-                    self.tokens_generated += 1
-                    reason = check_finish(
-                        job.output_ids,
-                        params=job.params,
-                        stop_ids=row.stop_ids,
-                        max_new_tokens=job.max_new_tokens,
-                        decode=row.decode,
-                    )
+                    reason = check_finish(job.output_ids, stop_ids=row.stop_ids, max_new_tokens=job.max_new_tokens)
                     if reason is not None:
                         job.finish(reason)
                     else:

@@ -1,7 +1,7 @@
 """The scripted backend's answers: deterministic outputs shaped like a reasoning model's, planned
 from a tokenizer alone (`AnswerScript`).
 
-Imports `backends.jobs` only (for the type of a job).
+Imports `jobs` only (for the type of a job).
 """
 
 import hashlib
@@ -11,21 +11,15 @@ import random
 import re
 from typing import Any
 
-from eagle3_datagen.engine.backends.jobs import Job
+from eagle3_datagen.engine.jobs import Job
 
 
 class AnswerScript:
-    """The planned output of a request, from a RNG seeded by sha256(input_ids, sampling_seed).
-
-    Per request the RNG picks one of:
-    - `answer`: [`<think>` "\\n" if the prompt does not end in it] reasoning words, `</think>`,
-      "\\n\\n", answer words, then the stop token;
-    - `tool` (only when the tokenizer has Kimi's `<|tool_calls_section_begin|>` or Qwen's
-      `<tool_call>` and the prompt declares tools): reasoning, `</think>`, a tool-call section, stop;
-    - `ramble`: reasoning words without end (the backend runs them on to `max_new_tokens`).
-    Every special id is read from the tokenizer. `answer_tokens=(lo, hi)` makes the reasoning long,
-    as a thinking model's is: its length is drawn from [lo, hi] tokens per request (`answer_spread`).
-    """
+    """The planned output of a request, from a RNG seeded by sha256(input_ids, sampling_seed): an answer
+    ([`<think>` "\\n"] reasoning words, `</think>`, "\\n\\n", answer words, the stop token), a tool call
+    (where the tokenizer has Kimi's or Qwen's tool tokens and the prompt declares tools: reasoning,
+    `</think>`, a tool-call section, stop), or a ramble (reasoning words run on to `max_new_tokens`).
+    Special ids are read from the tokenizer; `answer_tokens=(lo, hi)` draws long reasoning lengths."""
 
     WORDS = (
         "The user asks about this. Let me think step by step. First, consider the numbers; "
@@ -34,26 +28,13 @@ class AnswerScript:
         "Overall the answer follows from these facts, and it is 42 or close to it."
     )
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        eos_token_ids: frozenset,
-        *,
-        deterministic: bool = False,
-        ramble_rate: float = 0.15,
-        tool_rate: float = 0.5,
-        eos_rate: float = 0.0,
-        answer_tokens: tuple[int, int] | None = None,
-        answer_spread: str = "uniform",
-    ):
+    def __init__(self, tokenizer: Any, eos_token_ids: frozenset, *, deterministic: bool = False,
+                 ramble_rate: float = 0.15, tool_rate: float = 0.5, eos_rate: float = 0.0,
+                 answer_tokens: tuple[int, int] | None = None, answer_spread: str = "uniform"):  # fmt: skip
         self.tokenizer = tok = tokenizer
-        self.eos_token_ids = eos_token_ids
-        self.deterministic = deterministic
-        self.ramble_rate = ramble_rate
-        self.tool_rate = tool_rate
-        self.eos_rate = eos_rate
-        self.answer_tokens = answer_tokens
-        self.answer_spread = answer_spread
+        self.eos_token_ids, self.deterministic = eos_token_ids, deterministic
+        self.ramble_rate, self.tool_rate, self.eos_rate = ramble_rate, tool_rate, eos_rate
+        self.answer_tokens, self.answer_spread = answer_tokens, answer_spread
 
         def tid(token: str) -> int | None:
             i = tok.convert_tokens_to_ids(token)
@@ -61,16 +42,9 @@ class AnswerScript:
 
         self.think_id = tid("<think>")
         self.think_end_id = tid("</think>")
-        self.kimi_tool = {
-            name: tid(name)
-            for name in (
-                "<|tool_calls_section_begin|>",
-                "<|tool_calls_section_end|>",
-                "<|tool_call_begin|>",
-                "<|tool_call_argument_begin|>",
-                "<|tool_call_end|>",
-            )
-        }
+        kimi = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                "<|tool_call_argument_begin|>", "<|tool_call_end|>")  # fmt: skip
+        self.kimi_tool = {name: tid(name) for name in kimi}
         self.qwen_tool = {name: tid(name) for name in ("<tool_call>", "</tool_call>")}
         enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
         self.word_ids = [enc((" " if i else "") + w) for i, w in enumerate(self.WORDS.split())]
@@ -145,32 +119,23 @@ class AnswerScript:
         closed = self.think_end_id is not None and self._closes_reasoning(job.input_ids)
         if not closed and self.think_id is not None and (not job.input_ids or job.input_ids[-1] != self.think_id):
             planned += [self.think_id] + self.enc("\n")
-        kind = "answer"
-        u = rng.random()
-        if u < self.ramble_rate or self.think_end_id is None:
-            kind = "ramble"
-        if self.answer_tokens is not None:
-            planned += self.long_words(rng, self._answer_length(rng))
-        else:
-            planned += self._words(rng, rng.randint(4, 40))
-        if kind == "ramble":
+        ramble = rng.random() < self.ramble_rate or self.think_end_id is None
+        long = self.answer_tokens is not None
+        planned += self.long_words(rng, self._answer_length(rng)) if long else self._words(rng, rng.randint(4, 40))
+        if ramble:
             return planned  # the stopping loop extends it with filler to max_new_tokens
-        if not closed:
-            planned.append(self.think_end_id)
+        planned += [] if closed else [self.think_end_id]
         tool = None
-        if rng.random() < self.tool_rate and (
-            self.kimi_tool["<|tool_calls_section_begin|>"] is not None or self.qwen_tool["<tool_call>"] is not None
-        ):
-            prompt_text = self.tokenizer.decode(job.input_ids[-4096:], skip_special_tokens=False)
-            tool = self._tool_section(rng, prompt_text)
-        if tool is not None:
-            planned += self.enc("Let me check.") + tool
-        else:
-            planned += self.enc("\n\n") + self._words(rng, rng.randint(2, 20))
+        tools = self.kimi_tool["<|tool_calls_section_begin|>"] is not None or self.qwen_tool["<tool_call>"] is not None
+        if rng.random() < self.tool_rate and tools:
+            tool = self._tool_section(rng, self.tokenizer.decode(job.input_ids[-4096:], skip_special_tokens=False))
+        planned += (
+            self.enc("Let me check.") + tool
+            if tool is not None
+            else self.enc("\n\n") + self._words(rng, rng.randint(2, 20))
+        )
         stop = self._preferred_stop(job, rng)
-        if stop is not None:
-            planned.append(stop)
-        return planned
+        return planned + ([stop] if stop is not None else [])
 
     def _closes_reasoning(self, input_ids: list[int]) -> bool:
         """Whether the prompt ends with a reasoning end token, after whitespace at most."""
