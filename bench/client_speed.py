@@ -2,8 +2,7 @@
 side by side in one run, against the same zero-cost server; the figures that count are the ratios.
 
 The server is the local engine (`python -m eagle3_datagen.engine --backend scripted`, Qwen3
-tokenizer) in its speed-test mode `--canned` when it offers it (the answer is planned once and every
-request gets the same pre-serialized answer), with `--answer-tokens N:N`; every request sends
+tokenizer) with `--answer-tokens N:N`; every request sends
 `ignore_eos: true` and `max_new_tokens: N`, so every answer is exactly N tokens (checked). The
 server is pinned to one core and each client to the other (`taskset`); each client runs in a fresh
 process of its own, reads the same pre-tokenized prompts (~300 tokens, the demo prompts' user texts
@@ -454,21 +453,12 @@ def build_inputs(tok_dir: Path, tmp: Path, counts: dict[int, int], model: dict, 
     return inputs
 
 
-def engine_offers_canned() -> bool:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "scripts")}
-    text = subprocess.run(
-        [sys.executable, "-m", "eagle3_datagen.engine", "--help"], capture_output=True, text=True, env=env
-    ).stdout
-    return "--canned" in text
-
-
-def engine(tok_dir: Path, port: int, log_dir: Path, length: int, core: int, canned: bool):
+def engine(tok_dir: Path, port: int, log_dir: Path, length: int, core: int):
     from eagle3_datagen.generation.servers import ManagedServer
 
     cmd = ["taskset", "-c", str(core), sys.executable, "-m", "eagle3_datagen.engine", "--backend", "scripted"]
     cmd += ["--model-dir", str(tok_dir), "--tokenizer-dir", str(tok_dir), "--port", str(port)]
     cmd += ["--context-length", str(CONTEXT_LENGTH), "--answer-tokens", f"{length}:{length}", "--log-level", "WARNING"]
-    cmd += ["--canned"] if canned else []
     return ManagedServer(cmd, port=port, log_path=log_dir / f"engine-{length}.log")
 
 
@@ -601,7 +591,7 @@ def spread(values: list[float], fmt: str, unit: str = "") -> str:
     return f"{med} ({lo}–{hi})"
 
 
-def report(results: dict, args, inputs: dict, canned: bool) -> list[str]:
+def report(results: dict, args, inputs: dict) -> list[str]:
     # The real limit is the GPU's rate (an 8-GPU Kimi-K2.5 server answers about one ~10k-token request a
     # second): at most 1 ms of the client's CPU per 4,096-token answer is 1,000 answers a second on one
     # core; and at least twice the rate of speculators' client where the client is what is measured.
@@ -654,9 +644,8 @@ def report(results: dict, args, inputs: dict, canned: bool) -> list[str]:
     lines.append(f"- generate() called → first request: {spread([f['startup_call_s'] for f in project], '.3f')} s")
     lines.append(f"- torch imported in the project's process: {', '.join('yes' if t else 'no' for t in torch_seen)}")
     lines.append("")
-    mode = ", --canned" if canned else " (without --canned)" if args.canned == "off" else " (no --canned: not offered)"
     lines.append(
-        f"Server: local engine, scripted backend{mode}, "
+        f"Server: local engine, scripted backend, "
         f"pinned to core {args.cores[0]}; clients pinned to core {args.cores[1]}. 'steady': between the 10 % and 90 % "
         "completion marks; 'project / client': the project's steady req/s over that client's, per repeat."
     )
@@ -703,7 +692,6 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=200, help="requests of the bare client before the runs")
     parser.add_argument("--cores", default=None, help="SERVER,CLIENT cores (default: the first two allowed)")
-    parser.add_argument("--canned", choices=("auto", "on", "off"), default="auto", help="the engine's --canned mode")
     parser.add_argument("--profile-length", type=int, default=4096, help="cProfile one more project run (0: none)")
     parser.add_argument("--profile-top", type=int, default=15)
     parser.add_argument("--run-timeout", type=float, default=600)
@@ -735,9 +723,6 @@ def main() -> None:
     if "speculators" in args.clients:
         require(SPECULATORS / "speculators" / "cli" / "regenerate_responses.py", "speculators' wheel", "oracles")
     counts = {length: args.long_requests if length >= 32768 else args.requests for length in lengths}
-    canned = {"on": True, "off": False}.get(args.canned)
-    if canned is None:
-        canned = engine_offers_canned()
     tok_dir = qwen3_tokenizer_dir()
     model = defaults(
         "model",
@@ -756,7 +741,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="client_speed-") as tmp_name:
         tmp = Path(tmp_name)
         inputs = build_inputs(tok_dir, tmp, counts, model, args.prompt_tokens)
-        print(f"prompts built in {time.monotonic() - started:.1f} s; engine --canned: {canned}", flush=True)
+        print(f"prompts built in {time.monotonic() - started:.1f} s", flush=True)
         for length in lengths:
             setup = {
                 "requests": inputs[length]["requests"],
@@ -769,7 +754,7 @@ def main() -> None:
                 "n": inputs[length]["n"],
             }
             results[length] = {c: [] for c in args.clients}
-            server = engine(tok_dir, free_port(), tmp, length, args.cores[0], canned)
+            server = engine(tok_dir, free_port(), tmp, length, args.cores[0])
             with server as url:
                 setup["url"] = url
                 meter = ServerMeter(server)
@@ -795,7 +780,7 @@ def main() -> None:
                     profile = tmp / "project.prof.txt"
                     spawn("project", setup, length, args, args.cores[1], tmp, profile=profile)
                     profile_text = profile.read_text()
-    lines = report(results, args, inputs, canned)
+    lines = report(results, args, inputs)
     print()
     print("\n".join(lines))
     if profile_text:
@@ -809,7 +794,6 @@ def main() -> None:
         "args": {
             k: v for k, v in vars(args).items() if k not in ("worker", "setup", "max_new_tokens", "t_spawn", "profile")
         },
-        "canned": canned,
         "prompt_tokens": {length: inputs[length]["prompt_tokens"] for length in lengths},
         "requests": counts,
         "runs": {
@@ -821,9 +805,7 @@ def main() -> None:
     }
     Path(args.out).write_text(json.dumps(raw, default=str))
     print(f"\nraw figures: {args.out}; whole run {time.monotonic() - started:.0f} s")
-    write_figures(
-        args, {"canned": canned, "lengths": headline(results, counts), "elapsed_s": round(time.monotonic() - started)}
-    )
+    write_figures(args, {"lengths": headline(results, counts), "elapsed_s": round(time.monotonic() - started)})
 
 
 if __name__ == "__main__":
