@@ -26,6 +26,17 @@ TOOLS = [
     },
 ]
 
+# One tool as a chat request declares it (a description and the required argument), for the tests
+# that render a prompt with tools.
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
 # (name, text) for the reasoning parsers; every case runs for every parser, version and forcing.
 REASONING_TEXTS = [
     ("plain", "The user asks for 2+2.</think>The answer is 4."),

@@ -6,16 +6,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from parser_corpus import WEATHER_TOOL
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
+pytestmark = pytest.mark.slow
 
 
 def _render(tok, messages, **kwargs) -> list[int]:

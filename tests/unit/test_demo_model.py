@@ -12,6 +12,7 @@ from eagle3_datagen.demo import model as demo_model
 from eagle3_datagen.demo import tokenizers as fixtures
 from eagle3_datagen.demo.tokenizers import KIMI_SPECIAL_TOKENS, KIMI_VOCAB_SIZE
 from eagle3_datagen.storage.disk import file_sha256
+from parser_corpus import WEATHER_TOOL
 
 EXPECTED_IDS = {
     "[BOS]": 163584,
@@ -46,15 +47,6 @@ NON_SPECIAL = {
     "<|tool_call_end|>",
     "<think>",
     "</think>",
-}
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
 }
 
 
