@@ -40,6 +40,12 @@ def test_a_unit_module_has_nothing_slow_nor_the_real_server(path):
     assert not used, f"{path} uses {used}: a slow test belongs in tests/integration (make test-fast runs tests/unit)"
 
 
+def test_a_test_module_name_is_one_across_the_tiers():
+    """pytest imports both folders' modules by their base name: one name in both would not load."""
+    unit, integration = ({p.name for p in modules(f)} for f in ("unit", "integration"))
+    assert not unit & integration, f"named alike in tests/unit and tests/integration: {sorted(unit & integration)}"
+
+
 def test_the_targets_run_the_tiers_and_every_marker():
     fast = re.search(r"^test-fast:.*\n((?:\t.*\n)+)", MAKEFILE, re.MULTILINE).group(1)
     assert "tests/unit" in fast and "integration" not in fast
