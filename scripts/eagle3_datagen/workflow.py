@@ -216,7 +216,7 @@ def generate_gpus(engine: dict, plan_file: str | Path) -> int:
 
     if json.loads(Path(plan_file).read_text())["to_send"] == 0:
         return 0
-    return EngineSettings.from_config(engine).gpus
+    return server_gpus(engine)
 
 
 def server_gpus(engine: dict) -> int:
