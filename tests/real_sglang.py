@@ -159,13 +159,24 @@ def launches_sglang(cmdlines: str) -> bool:
     return any(c.split()[1:3] == ["-m", "sglang.launch_server"] for c in cmdlines.split(" | "))
 
 
+def sglang_servers(processes: dict[int, str], parents: dict[int, int] | None = None) -> dict[int, str]:
+    """The SGLang servers among `processes` (pid: command lines): each process that ran
+    `python -m sglang.launch_server` and whose parent did not. The server forks its scheduler and
+    detokenizer with its own command line, and a watch may see them before they rename themselves.
+    `parents` (pid: parent pid) as recorded while they lived; read from /proc when not given."""
+    if parents is None:
+        parents = {pid: stat[0] for pid in processes if (stat := _stat(pid))}
+    launched = {pid for pid, cmd in processes.items() if launches_sglang(cmd)}
+    return {pid: processes[pid] for pid in launched if parents.get(pid) not in launched}
+
+
 class ProcessWatch:
     """Every process `find()` lists while a run goes on (polled from a thread), with every name it
     had: the job, the watchdog, the server and the processes the server starts, whatever they
     rename themselves to (SGLang renames its scheduler and detokenizer)."""
 
     def __init__(self, find: Callable[[], dict[int, str]]):
-        self.find, self.seen, self._stop = find, {}, threading.Event()
+        self.find, self.seen, self.parents, self._stop = find, {}, {}, threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
 
@@ -173,6 +184,8 @@ class ProcessWatch:
         while not self._stop.is_set():
             for pid, cmdline in self.find().items():
                 self.seen.setdefault(pid, set()).add(cmdline)
+                if pid not in self.parents and (stat := _stat(pid)):
+                    self.parents[pid] = stat[0]
             self._stop.wait(0.2)
 
     def processes(self) -> dict[int, str]:
@@ -182,6 +195,10 @@ class ProcessWatch:
         self._stop.set()
         self._thread.join()
         return self.processes()
+
+    def servers(self) -> dict[int, str]:
+        """The SGLang servers seen (not the processes they forked)."""
+        return sglang_servers(self.processes(), self.parents)
 
 
 def greedy_exact(rows: list[dict], model_dir, stop_ids=(163586,)) -> Counter:

@@ -34,7 +34,7 @@ from eagle3_datagen.generation.requests import parse_rid
 from eagle3_datagen.storage.layout import journal_path
 from eagle3_datagen.storage.tables import read_rows
 from polling import wait_until
-from real_sglang import ProcessWatch, alive, descendants, greedy_exact, launches_sglang, processes_in, sglang_engine
+from real_sglang import ProcessWatch, alive, descendants, greedy_exact, processes_in, sglang_engine, sglang_servers
 from slurm_cluster import PROFILE, holder_pid, squeue
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_sglang]
@@ -200,7 +200,7 @@ def cancel_mid_shard(wd, run: subprocess.Popen, statuses: StatusWatch, log: Path
     subprocess.run(["scancel", job], check=True)
     holder = holder_pid(journal)
     tree = descendants(holder)
-    assert sum(launches_sglang(c) for c in tree.values()) == 1, tree
+    assert len(sglang_servers(tree)) == 1, tree
     wait_until(lambda: not alive(tree), "every server process of the cancelled job gone", timeout_s=300)
     run.wait(RUN_TIMEOUT_S)  # Snakemake sees the job fail, and exits once the other shard is done
     return {
@@ -235,7 +235,7 @@ def rehearsal(slurm_cluster, tmp_path_factory, demo_model_dir, kimi_tiktoken_dir
         assert second.returncode == 0, (path.parent / "second.log").read_text()[-8000:]
     finally:
         statuses.stop()
-        wd.processes = watch.stop()
+        wd.processes, wd.servers = watch.stop(), watch.servers()
         (path.parent / "statuses.json").write_text(json.dumps(statuses.seen))  # for a failure's reader
     wd.statuses, wd.final = statuses, statuses.ask()
     wd.elapsed = time.monotonic() - start
@@ -358,8 +358,7 @@ def test_every_turn_is_in_the_dataset_or_rejected_once(rehearsal):
 
 def test_no_server_process_outlived_the_cancel_or_the_run(rehearsal):
     wd = rehearsal
-    servers = {pid: cmd for pid, cmd in wd.processes.items() if launches_sglang(cmd)}
-    assert len(servers) == SHARDS + 1, servers  # each shard's first job, and the resubmitted one
+    assert len(wd.servers) == SHARDS + 1, wd.servers  # each shard's first job, and the resubmitted one
     assert set(wd.cut["tree"]) <= set(wd.processes)
     left = alive(wd.processes)
     assert not left, {pid: wd.processes[pid] for pid in left}

@@ -25,9 +25,9 @@ from real_sglang import (
     alive,
     descendants,
     greedy_exact,
-    launches_sglang,
     real_server,
     sglang_engine,
+    sglang_servers,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_sglang]
@@ -74,14 +74,13 @@ def sglang_run(tmp_path_factory, demo_model_dir):
     )
     watch = ProcessWatch(lambda: descendants(proc.pid))
     out, _ = proc.communicate(timeout=1800)
-    wd.processes = watch.stop()
+    wd.processes, wd.servers = watch.stop(), watch.servers()
     assert proc.returncode == 0, out[-8000:]
     return wd
 
 
 def test_the_jobs_launched_and_stopped_real_sglang_servers(sglang_run):
-    servers = {pid: cmd for pid, cmd in sglang_run.processes.items() if launches_sglang(cmd)}
-    assert len(servers) == 2, sglang_run.processes  # one per generate job
+    assert len(sglang_run.servers) == 2, sglang_run.processes  # one per generate job
     for category in ("math", "chat"):
         log = (sglang_run.path / "logs" / "generate" / category / "shard_0.server.log").read_text()
         assert "The server is fired up and ready to roll" in log
@@ -220,7 +219,7 @@ def stop_the_job(job: subprocess.Popen, signal_name: str) -> None:
     import signal
 
     tree = descendants(job.pid)
-    assert sum(launches_sglang(c) for c in tree.values()) == 1, tree
+    assert len(sglang_servers(tree)) == 1, tree
     assert len(tree) >= 4, tree  # watchdog, HTTP server, scheduler, detokenizer
     job.send_signal(getattr(signal, signal_name))
     job.wait(120)
