@@ -458,7 +458,6 @@ PROBES = {
     "length": generate_probe(greedy(8, rid="diff-8")),
     "length_zero": generate_probe(greedy(0)),
     "sampled": generate_probe(greedy(8, params={"temperature": 0.8, "top_p": 0.9, "sampling_seed": 3}), greedy=False),
-    "text_prompt": generate_probe({"text": "Hello there", "sampling_params": {"temperature": 0, "max_new_tokens": 4}}),
     "batch": generate_probe(greedy(8, input_ids=["<prompt>", [1, 2, 3]])),
     "batch_rid_prefix": generate_probe(greedy(4, input_ids=["<prompt>", [1, 2, 3]], rid="diff-b")),
     "batch_mixed": generate_probe({"input_ids": ["<prompt>", [1, 2, 3]], "rid": ["diff-m0", "diff-m1"],

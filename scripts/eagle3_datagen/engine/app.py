@@ -43,7 +43,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         srv.record_body(body, 503, t_start, error="The server is not ready yet.")
         return json_response({"detail": "The server is not ready yet."}, 503)
     try:
-        parsed = protocol.parse_generate_body(body, tokenize=lambda text: srv.backend.tokenizer.encode(text))
+        parsed = protocol.parse_generate_body(body)
         for item in parsed.items:
             if item.rid in srv.inflight:
                 raise RequestError(f"Duplicate request ID detected: {item.rid}")

@@ -173,20 +173,21 @@ def _strs(v: Any) -> bool:
     return v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))
 
 
-def parse_generate_body(body: Any, *, tokenize: Callable[[str], list[int]] | None = None,
-                        new_rid: Callable[[], str] = lambda: uuid.uuid4().hex) -> ParsedGenerate:  # fmt: skip
-    """Split a `/generate` JSON body into single requests; RequestError where SGLang refuses it."""
+def parse_generate_body(body: Any, *, new_rid: Callable[[], str] = lambda: uuid.uuid4().hex) -> ParsedGenerate:
+    """Split a `/generate` JSON body into single requests; RequestError where SGLang refuses it. Prompts
+    are token ids only: the client never sends text (a text prompt is refused, where SGLang would
+    tokenize it)."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object")
     ids, sp, rid = body.get("input_ids"), body.get("sampling_params"), body.get("rid")
     if not (
         (ids is None or _ids(ids) or (isinstance(ids, list) and all(map(_ids, ids))))
         and (sp is None or isinstance(sp, dict) or (isinstance(sp, list) and all(isinstance(s, dict) for s in sp)))
-        and isinstance(body.get("stream", False), bool) and _strs(body.get("text")) and _strs(rid)
+        and isinstance(body.get("stream", False), bool) and body.get("text") is None and _strs(rid)
     ):  # fmt: skip
-        raise RequestError("a field of the body has a bad type")
-    prompts = body["text"] if body.get("text") is not None else ids
-    is_single = isinstance(prompts, str) or (bool(prompts) and type(prompts[0]) is int)
+        raise RequestError("a field of the body has a bad type (text prompts are not served)")
+    prompts = ids
+    is_single = bool(prompts) and type(prompts[0]) is int
     prompts = [prompts] if is_single else list(prompts or [])
     n = len(prompts)
     if is_single and isinstance(rid, list):
@@ -198,8 +199,7 @@ def parse_generate_body(body: Any, *, tokenize: Callable[[str], list[int]] | Non
         raise RequestError("a body needs a prompt, and one distinct rid and sampling_params per prompt")
     items = []
     for i, (prompt, sp_i) in enumerate(zip(prompts, sps)):
-        prompt = list(tokenize(prompt)) if isinstance(prompt, str) and tokenize else prompt
-        if not isinstance(prompt, list) or not prompt:
+        if not prompt:
             raise RequestError("input_ids cannot be empty.")
         items.append(GenerateItem(rids[i], list(prompt), sp_i, SamplingParams.from_request(sp_i)))
     return ParsedGenerate(items, is_single, bool(body.get("stream")))
