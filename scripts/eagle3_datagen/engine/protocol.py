@@ -174,9 +174,8 @@ def _strs(v: Any) -> bool:
 
 
 def parse_generate_body(body: Any, *, new_rid: Callable[[], str] = lambda: uuid.uuid4().hex) -> ParsedGenerate:
-    """Split a `/generate` JSON body into single requests; RequestError where SGLang refuses it. Prompts
-    are token ids only: the client never sends text (a text prompt is refused, where SGLang would
-    tokenize it)."""
+    """Split a `/generate` JSON body into single requests; RequestError where SGLang refuses it (and
+    for a text prompt, which the client never sends)."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object")
     ids, sp, rid = body.get("input_ids"), body.get("sampling_params"), body.get("rid")
@@ -186,9 +185,8 @@ def parse_generate_body(body: Any, *, new_rid: Callable[[], str] = lambda: uuid.
         and isinstance(body.get("stream", False), bool) and body.get("text") is None and _strs(rid)
     ):  # fmt: skip
         raise RequestError("a field of the body has a bad type (text prompts are not served)")
-    prompts = ids
-    is_single = bool(prompts) and type(prompts[0]) is int
-    prompts = [prompts] if is_single else list(prompts or [])
+    is_single = bool(ids) and type(ids[0]) is int
+    prompts = [ids] if is_single else list(ids or [])
     n = len(prompts)
     if is_single and isinstance(rid, list):
         raise RequestError("The rid should be a string for a single request.")
