@@ -9,8 +9,7 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from eagle3_datagen import figures
-from eagle3_datagen.figures import load, projection, runs, shares
+from eagle3_datagen.figures import base, load, projection, runs, shares
 from eagle3_datagen.steps.plot_checks import VerdictTally
 from eagle3_datagen.tokens.chat_layer import VERDICTS
 
@@ -22,7 +21,7 @@ def saved(fig, tmp_path, name="figure"):
     of its own (saving closes it) for its extents."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    figures.save(fig, tmp_path / f"{name}.png")
+    base.save(fig, tmp_path / f"{name}.png")
     assert (tmp_path / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
     FigureCanvasAgg(fig).draw()
     return fig
@@ -258,9 +257,3 @@ def test_the_projection_draws_hours_where_the_pilot_measured_a_throughput(tmp_pa
     fig = saved(projection.draw_projection(projection_rows(False)), tmp_path)
     assert fig.axes[0].patches
     assert_sentence(fig.axes[1], projection.NO_THROUGHPUT)
-
-
-def test_the_package_keeps_its_names_for_its_callers():
-    for name in ("plot_lengths", "plot_turns", "plot_projection", "plot_verdicts", "plot_token_share",
-                 "plot_finish_reasons", "draw_load", "_pyplot", "_save"):  # fmt: skip
-        assert callable(getattr(figures, name)), name

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import orjson
 
-from eagle3_datagen.figures import _pyplot, _save
+from eagle3_datagen.figures.base import pyplot, save
 from eagle3_datagen.quality.audit import AUDIT_CODES, AuditSettings, audit_row
 from eagle3_datagen.quality.flags import Flag, QualityFacts, QualitySettings
 from eagle3_datagen.settings import SCHEMA_PATH, ModelProfile, defaults
@@ -117,7 +117,7 @@ def audit(*, data: Path, out: Path, settings: AuditSettings, against: dict | Non
 
 def plot_reasons(counts: Counter, rows: int, clean: int, path: Path, *, title: str) -> None:
     """Share of rows flagged per code (a row may carry several codes), with the row counts."""
-    plt = _pyplot()
+    plt = pyplot()
     codes = list(AUDIT_CODES)
     shares = [counts[c] / max(rows, 1) for c in codes]
     fig, ax = plt.subplots(figsize=(10, 1.2 + 0.4 * len(codes)))
@@ -127,7 +127,7 @@ def plot_reasons(counts: Counter, rows: int, clean: int, path: Path, *, title: s
     ax.set_xlim(0, max(max(shares, default=0) * 1.15, 0.05))
     ax.set_xlabel("share of rows flagged")
     ax.set_title(f"Audit of {title}: {rows} rows, {clean} clean")
-    _save(fig, path)
+    save(fig, path)
 
 
 def read_config(path: str) -> dict:

@@ -259,8 +259,8 @@ def project_pilot(
     pilot; returns the categories' rows (without the totals)."""
     import pandas as pd
 
-    from eagle3_datagen.figures import plot_projection
     from eagle3_datagen.figures.base import series_name
+    from eagle3_datagen.figures.projection import plot_projection
 
     settings = QualitySettings.from_config(quality)
     rows = []

@@ -5,8 +5,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_datagen.figures import plot_finish_reasons, plot_token_share, plot_verdicts
 from eagle3_datagen.figures.base import by_series
+from eagle3_datagen.figures.shares import plot_finish_reasons, plot_token_share, plot_verdicts
 from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.settings import DEFAULT_MODE
 from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_batches, iter_record_batches, read_provenance

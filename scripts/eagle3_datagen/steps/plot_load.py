@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from eagle3_datagen.figures import plot_load_figure
+from eagle3_datagen.figures.load import plot_load_figure
 from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_record_batches, read_provenance
 
 log = logging.getLogger(__name__)

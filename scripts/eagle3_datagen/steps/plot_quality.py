@@ -13,8 +13,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from eagle3_datagen.figures import category_axis, empty_panel, integer_ticks, legend_beside, percent_ticks, pyplot, save
-from eagle3_datagen.figures.base import series_name
+from eagle3_datagen.figures.base import (
+    category_axis,
+    empty_panel,
+    integer_ticks,
+    legend_beside,
+    percent_ticks,
+    pyplot,
+    save,
+    series_name,
+)
 from eagle3_datagen.quality.flags import CODES, QualitySettings
 from eagle3_datagen.settings import ALL_MODES
 

@@ -16,8 +16,8 @@ import orjson
 import pandas as pd
 import pyarrow.compute as pc
 
-from eagle3_datagen.figures import plot_lengths, plot_turns
 from eagle3_datagen.figures.base import by_series, series_name
+from eagle3_datagen.figures.runs import plot_lengths, plot_turns
 from eagle3_datagen.quality.flags import CODES
 from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, mode_totals
 from eagle3_datagen.storage.prompts import without_source
