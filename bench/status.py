@@ -8,7 +8,7 @@ sending: published --tail rows before the journal's end, as a job between two pu
 another node holds it. Measured in the same run, best of --repeats:
 
   status             steps.status.run_status + render, in-process: what one refresh of --watch costs
-  status command     `python scripts/status.py`, a fresh interpreter: what a user waits for
+  status command     `python -m eagle3_datagen status`, a fresh interpreter: what a user waits for
   baseline           reading every journal once and counting its lines (no JSON parsed): the least a
                      status that read the journals would pay
 
@@ -136,7 +136,7 @@ def main() -> None:
             states = {s.state for v in views for s in v.shards}
             assert done == count_lines(journals) and states == {"sending"}, (done, states)
             in_process = best(lambda: status.render(status.run_status(root, config), root, time.time()), args.repeats)
-            command = [sys.executable, str(ROOT / "scripts" / "status.py"), "--directory", str(root)]
+            command = [sys.executable, "-m", "eagle3_datagen", "status", "--directory", str(root)]
             cli = best(lambda: subprocess.run(command, check=True, capture_output=True), args.repeats)
             baseline = best(lambda: count_lines(journals), args.repeats)
         finally:

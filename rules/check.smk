@@ -14,7 +14,7 @@ rule check_sequences:
         model=get_param("model"),
         batch=get_param("batch"),
     script:
-        "../scripts/check_sequences.py"
+        "../scripts/step.py"
 
 
 rule check_parsers:
@@ -34,4 +34,4 @@ rule check_parsers:
         model=get_param("model"),
         batch=get_param("batch"),
     script:
-        "../scripts/check_parsers.py"
+        "../scripts/step.py"

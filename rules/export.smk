@@ -19,7 +19,7 @@ rule export_dataset:
         quality=get_param("quality"),
         batch=get_param("batch"),
     script:
-        "../scripts/export_dataset.py"
+        "../scripts/step.py"
 
 
 rule merge_dataset:
@@ -35,7 +35,7 @@ rule merge_dataset:
     conda:
         "../envs/pipeline.yaml"
     script:
-        "../scripts/merge_dataset.py"
+        "../scripts/step.py"
 
 
 rule vocab_mapping:
@@ -58,4 +58,4 @@ rule vocab_mapping:
     params:
         export=get_param("export"),
     script:
-        "../scripts/vocab_mapping.py"
+        "../scripts/step.py"

@@ -23,7 +23,7 @@ checkpoint plan_generation:
         batch=get_param("batch"),
         quality=get_param("quality"),
     script:
-        "../scripts/plan_generation.py"
+        "../scripts/step.py"
 
 
 rule preview_generation:
@@ -39,7 +39,7 @@ rule preview_generation:
     conda:
         "../envs/pipeline.yaml"
     script:
-        "../scripts/preview_generation.py"
+        "../scripts/step.py"
 
 
 rule generate:
@@ -73,7 +73,7 @@ rule generate:
         shards=get_param("shards"),
         quality=get_param("quality"),
     script:
-        "../scripts/generate.py"
+        "../scripts/step.py"
 
 
 # A shard whose plan sends nothing (every row journalled: rm -r results, or an orphan finished it) is
@@ -106,7 +106,7 @@ rule generate_cached:
         quality=get_param("quality"),
         may_send=False,
     script:
-        "../scripts/generate.py"
+        "../scripts/step.py"
 
 
 rule merge_shards:
@@ -125,4 +125,4 @@ rule merge_shards:
     params:
         batch=get_param("batch"),
     script:
-        "../scripts/merge_shards.py"
+        "../scripts/step.py"

@@ -29,7 +29,7 @@ rule pilot_generate:
         seed=get_param("seed"),
         quality=get_param("quality"),
     script:
-        "../scripts/pilot_generate.py"
+        "../scripts/step.py"
 
 
 rule project_pilot:
@@ -58,7 +58,7 @@ rule project_pilot:
         categories=CATEGORIES,
         quality=get_param("quality"),
     script:
-        "../scripts/project_pilot.py"
+        "../scripts/step.py"
 
 
 # snakemake pilot: a seeded sample of each category on the configured engine, and the projection.

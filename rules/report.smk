@@ -35,7 +35,7 @@ rule summarize:
         categories=CATEGORIES,
         batch=get_param("batch"),
     script:
-        "../scripts/summarize.py"
+        "../scripts/step.py"
 
 
 rule plot_checks:
@@ -69,7 +69,7 @@ rule plot_checks:
         categories=CATEGORIES,
         batch=get_param("batch"),
     script:
-        "../scripts/plot_checks.py"
+        "../scripts/step.py"
 
 
 rule plot_quality:
@@ -92,7 +92,7 @@ rule plot_quality:
     params:
         quality=get_param("quality"),
     script:
-        "../scripts/plot_quality.py"
+        "../scripts/step.py"
 
 
 rule plot_load:
@@ -120,7 +120,7 @@ rule plot_load:
         categories=CATEGORIES,
         batch=get_param("batch"),
     script:
-        "../scripts/plot_load.py"
+        "../scripts/step.py"
 
 
 # The report's first page: report/workflow.rst puts this file above the workflow graph.
@@ -143,4 +143,4 @@ rule headline:
     params:
         categories=CATEGORIES,
     script:
-        "../scripts/headline.py"
+        "../scripts/step.py"

@@ -12,7 +12,7 @@ rule build_demo_model:
     params:
         demo_model=get_param("demo_model"),
     script:
-        "../scripts/build_demo_model.py"
+        "../scripts/step.py"
 
 
 rule tokenize_prompts:
@@ -41,4 +41,4 @@ rule tokenize_prompts:
         mode_mix=get_param("mode_mix"),
         batch=get_param("batch"),
     script:
-        "../scripts/tokenize_prompts.py"
+        "../scripts/step.py"

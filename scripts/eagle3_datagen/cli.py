@@ -39,11 +39,9 @@ def _engine(argv: list[str], prog: str) -> int:
 
 
 def _step(argv: list[str], prog: str) -> int:
-    """One rule's step by hand, through the runner, as `python scripts/<rule>.py` runs it."""
-    import importlib
-
+    """One rule's step by hand, through the runner, as `scripts/step.py` runs it under Snakemake."""
     from eagle3_datagen.runner import run
-    from eagle3_datagen.steps import STEPS
+    from eagle3_datagen.steps import STEPS, step_function
 
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -55,8 +53,7 @@ def _step(argv: list[str], prog: str) -> int:
         parser.parse_args(argv)  # -h, or the error that NAME is missing
     name, rest = argv[0], argv[1:]
     parser.parse_args([name])
-    module = importlib.import_module(f"eagle3_datagen.steps.{STEPS[name]}")
-    run(getattr(module, name), None, rest, prog=f"{prog} {name}")
+    run(step_function(name), None, rest, prog=f"{prog} {name}")
     return 0
 
 

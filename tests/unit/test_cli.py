@@ -1,7 +1,6 @@
 """The `eagle3-datagen` command: each subcommand is its module's own command line (same help, same
 options), every rule's step runs by hand through it, and the wheel's package list is the library's."""
 
-import ast
 import inspect
 import subprocess
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from eagle3_datagen import cli, runner, settings
-from eagle3_datagen.steps import STEPS
+from eagle3_datagen.steps import SAME_STEP, STEPS, step_function
 from pins import pyproject
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,47 +101,38 @@ def test_step_name_help_lists_the_step_functions_parameters(capsys, name):
     assert "--config" in text and "--category" in text
 
 
-def script_step(path: Path) -> tuple[str, str] | None:
-    """(module, function) that `scripts/<rule>.py` hands to the runner, or None for a script that
-    does not run a step (status)."""
-    tree = ast.parse(path.read_text())
-    imports = {
-        alias.asname or alias.name: (node.module.rpartition(".")[2], alias.name)
-        for node in tree.body
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eagle3_datagen.steps.")
-        for alias in node.names
-    }
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "run":
-            return imports[node.args[0].id]
-    return None
-
-
-def test_steps_table_is_what_the_scripts_run():
-    """`step NAME` runs what `scripts/NAME.py` runs under Snakemake: one table, checked against the scripts."""
-    scripts = {p.stem: script_step(p) for p in sorted((ROOT / "scripts").glob("*.py"))}
-    run = {stem: found for stem, found in scripts.items() if found is not None}
-    assert set(scripts) - set(run) == {"status"}
-    assert {stem: (STEPS.get(stem), stem) for stem in run} == run
-    assert set(STEPS) == set(run)
-    for rule_script in {s for smk in (ROOT / "rules").glob("*.smk") for s in _scripts_named(smk)}:
-        assert rule_script in STEPS, f"a rule runs scripts/{rule_script}.py, which `step` does not know"
-
-
-def _scripts_named(smk: Path) -> list[str]:
+def rules_running_a_step() -> dict[str, str]:
+    """{rule: the script it runs} for every rule of rules/*.smk with a `script:`."""
     import re
 
-    return re.findall(r'"\.\./scripts/([a-z_]+)\.py"', smk.read_text())
+    found = {}
+    for smk in (ROOT / "rules").glob("*.smk"):
+        for rule, body in re.findall(r"^(?:rule|checkpoint) (\w+):\n((?:[ \t]+.*\n|\n)*)", smk.read_text(), re.MULTILINE):
+            script = re.search(r'script:\s*\n\s*"([^"]+)"', body)
+            if script:
+                found[rule] = script.group(1)
+    return found
 
 
-def test_python_dash_m_runs_the_command_and_the_old_entry_points_still_work():
+def test_every_rule_runs_the_step_named_like_it():
+    """Under Snakemake, scripts/step.py runs the step named like the rule; `step NAME` runs the same
+    function by hand: one table (`steps.STEPS`) for both, and every rule that runs a script is in it."""
+    rules = rules_running_a_step()
+    assert set(rules.values()) == {"../scripts/step.py"}, rules
+    assert set(rules) == set(STEPS) | set(SAME_STEP)
+    for name in STEPS:
+        assert step_function(name).__name__ == name
+    for name, same in SAME_STEP.items():
+        assert step_function(name) is step_function(same)
+    assert sorted(p.name for p in (ROOT / "scripts").glob("*.py")) == ["step.py"]
+
+
+def test_python_dash_m_runs_the_command_and_the_modules_entry_points():
     env_path = str(ROOT / "scripts")
     for argv, usage in [
         (["-m", "eagle3_datagen", "--help"], "usage: eagle3-datagen "),
         (["-m", "eagle3_datagen.engine", "--help"], "usage: python -m eagle3_datagen.engine "),
         (["-m", "eagle3_datagen.steps.vocab_check", "--help"], "usage: vocab_check.py "),
-        ([str(ROOT / "scripts" / "status.py"), "--help"], "usage: status "),
-        ([str(ROOT / "scripts" / "merge_shards.py"), "--help"], "usage: merge_shards.py "),
     ]:
         done = subprocess.run(
             [sys.executable, *argv],

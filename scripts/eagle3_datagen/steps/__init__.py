@@ -7,8 +7,8 @@ another step (what steps share lives in those layers).
 """
 
 # Each rule's step, by rule name: the module of steps/ that holds it (the function is named like the
-# rule). `scripts/<rule>.py` runs it under Snakemake, `eagle3-datagen step <rule>` by hand; a unit
-# test keeps this table and the scripts in step.
+# rule). `scripts/step.py` runs it under Snakemake, `eagle3-datagen step <rule>` by hand; a unit
+# test keeps this table and the rules in step.
 STEPS = {
     "build_demo_model": "build_demo_model",
     "tokenize_prompts": "tokenize_prompts",
@@ -29,3 +29,14 @@ STEPS = {
     "plot_load": "plot_load",
     "headline": "headline",
 }
+
+# Rules that run another rule's step with params of their own (generate_cached: generate, sending nothing).
+SAME_STEP = {"generate_cached": "generate"}
+
+
+def step_function(rule: str):
+    """The step function of `rule` (its module imported only now: a step's imports are its own)."""
+    import importlib
+
+    name = SAME_STEP.get(rule, rule)
+    return getattr(importlib.import_module(f"{__name__}.{STEPS[name]}"), name)
