@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+import pyarrow as pa
+
 from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.settings import ModelProfile
 from eagle3_datagen.storage.tables import Batching, TableWriter, count_rows, iter_batches, logged
@@ -303,25 +305,22 @@ def counts(verdict_rows: list[dict] | Counter) -> dict:
     return out
 
 
-def verdict_schema():
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("sample_index", pa.int32()),
-            ("turn", pa.int32()),
-            ("mode", pa.string()),
-            ("verdict", pa.string()),
-            ("first_diff", pa.int64()),
-            ("excerpt_expected", pa.string()),
-            ("excerpt_route", pa.string()),
-            ("n_reasoning_tokens", pa.int32()),
-            ("n_answer_tokens", pa.int32()),
-            ("has_tools", pa.bool_()),
-            ("finish_type", pa.string()),
-        ]
-    )
+VERDICT_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("sample_index", pa.int32()),
+        ("turn", pa.int32()),
+        ("mode", pa.string()),
+        ("verdict", pa.string()),
+        ("first_diff", pa.int64()),
+        ("excerpt_expected", pa.string()),
+        ("excerpt_route", pa.string()),
+        ("n_reasoning_tokens", pa.int32()),
+        ("n_answer_tokens", pa.int32()),
+        ("has_tools", pa.bool_()),
+        ("finish_type", pa.string()),
+    ]
+)
 
 
 def check_parsers(
@@ -337,19 +336,17 @@ def check_parsers(
         "tool_call_parser": profile.tool_call_parser,
         "sglang_version": profile.sglang_version,
     }
-    tally: Counter = Counter()
     per_mode: dict[str, Counter] = {}
-    with TableWriter(verdicts, verdict_schema(), batching) as writer:
+    with TableWriter(verdicts, VERDICT_SCHEMA, batching) as writer:
         for gens in logged(iter_batches(generations, batching), count_rows(generations), "check_parsers"):
             rows = check_rows(gens, tokenizer=tokenizer, profile=profile, checkers=checkers)
-            tally.update(r["verdict"] for r in rows)
             for r in rows:
                 per_mode.setdefault(r["mode"], Counter())[r["verdict"]] += 1
             writer.write(rows)
         writer.close(semantics)
     summary = {
         **semantics,
-        "verdicts": counts(tally),
+        "verdicts": counts(sum(per_mode.values(), Counter())),
         "verdicts_by_mode": {mode: counts(c) for mode, c in sorted(per_mode.items())},
     }
     verdict_counts.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,9 @@
 import json
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from eagle3_datagen.quality.flags import LOOP_FINISH
@@ -87,16 +89,13 @@ class _Mode:
         self.suffix = token_ids(tokenizer, profile.prompt_suffix)
         self.prompt_only = set(token_ids(tokenizer, profile.prompt_only_tokens))
         self.chat = ChatTokenizer(tokenizer, profile)
-        self._layer = None
-        self._tokenizer = tokenizer
 
-    @property
+    @cached_property
     def layer(self):
-        if self._layer is None:
-            from eagle3_datagen.tokens.chat_layer import ChatLayer
+        """The chat layer, for later turns only: what it parses an answer into."""
+        from eagle3_datagen.tokens.chat_layer import ChatLayer
 
-            self._layer = ChatLayer(self._tokenizer, self.profile)
-        return self._layer
+        return ChatLayer(self.chat.tokenizer, self.profile)
 
 
 class SequenceChecker:
@@ -116,84 +115,67 @@ class SequenceChecker:
             self._modes[name] = _Mode(self.tokenizer, self.profile.for_mode(name))
         return self._modes[name]
 
-    def _history_holds_answer(self, g: dict, report: "SequenceReport") -> None:
+    def _history_problem(self, g: dict) -> str | None:
+        """Why a later turn's history is not the turn before's history and its answer, or None."""
         before, self._before = self._before, g
         if not g.get("turn"):
-            return
+            return None
         key = (g["id"], g["sample_index"], g.get("mode"), int(g["turn"]) - 1)
         if before is None or (before["id"], before["sample_index"], before.get("mode"), int(before["turn"])) != key:
-            report.add(g, "history_holds_answers", "the turn before is not an ok row just before this one")
-            return
+            return "the turn before is not an ok row just before this one"
         earlier = json.loads(before["messages"])
         history = json.loads(g["messages"])
         tools = json.loads(g["tools"]) if g["tools"] else None
         answer = self.mode(g).layer.answer_message(before["output_ids"], before["finish_type"], tools, earlier)
         if history[: len(earlier)] != earlier:
-            report.add(g, "history_holds_answers", "the history does not start with the turn before's history")
-        elif len(history) <= len(earlier) or history[len(earlier)] != answer:
+            return "the history does not start with the turn before's history"
+        if len(history) <= len(earlier) or history[len(earlier)] != answer:
             found = history[len(earlier)] if len(history) > len(earlier) else None
-            report.add(
-                g,
-                "history_holds_answers",
+            return (
                 f"the answer in the history {json.dumps(found)[:200]} is not the chat layer's message of the turn "
-                f"before's output {json.dumps(answer)[:200]}",
+                f"before's output {json.dumps(answer)[:200]}"
             )
+        return None
 
     def check(self, generations: list[dict], report: SequenceReport) -> None:
         """Check every ok row of a batch; each row carries the messages and tools of its prompt (for a
         later turn: the history with the model's own earlier answers)."""
         ok_rows = [g for g in generations if g["status"] == "ok"]
         report.checked += len(ok_rows)
-        fresh = self._fresh_prompt_ids(ok_rows)
-        stops, vocab = self.stops, self.vocab
-        for g, fresh_ids in zip(ok_rows, fresh):
-            self._history_holds_answer(g, report)
-            mode = self.mode(g)
-            suffix = mode.suffix
-            prompt_ids, output_ids = g["prompt_ids"], g["output_ids"]
-            if prompt_ids != fresh_ids:
-                pos = next(
-                    (i for i, (a, b) in enumerate(zip(prompt_ids, fresh_ids)) if a != b),
-                    min(len(prompt_ids), len(fresh_ids)),
-                )
-                report.add(
-                    g,
-                    "prompt_matches_template",
-                    f"first difference at position {pos}: stored {prompt_ids[pos : pos + 5]} vs fresh {fresh_ids[pos : pos + 5]}",
-                )
-            if suffix and prompt_ids[-len(suffix) :] != suffix:
-                report.add(
-                    g,
-                    "prompt_suffix",
-                    f"prompt ends {prompt_ids[-len(suffix) - 2 :]}, expected mode {mode.profile.mode}'s suffix {suffix}",
-                )
-            if not mode.prompt_only.isdisjoint(output_ids):
-                bad_outputs = sorted(mode.prompt_only.intersection(output_ids))
-                report.add(g, "no_prompt_only_tokens", f"output contains prompt-only ids {bad_outputs}")
-            if g["finish_type"] not in ("length", LOOP_FINISH) and (not output_ids or output_ids[-1] not in stops):
-                report.add(
-                    g,
-                    "ends_with_stop",
-                    f"finish_type {g['finish_type']!r}, last output id {output_ids[-1:] or None}, stop ids {sorted(stops)}",
-                )
-            if (
-                g["finish_type"] == "stop"
-                and g["finish_matched"].lstrip("-").isdigit()
-                and output_ids
-                and int(g["finish_matched"]) != output_ids[-1]
-            ):
-                report.add(
-                    g, "finish_matches_output", f"matched {g['finish_matched']} but last output id {output_ids[-1]}"
-                )
-            lowest = min(min(prompt_ids, default=0), min(output_ids, default=0))
-            highest = max(max(prompt_ids, default=0), max(output_ids, default=0))
-            if lowest < 0 or highest >= vocab:
-                outside = sorted({t for t in prompt_ids + output_ids if not 0 <= t < vocab})
-                report.add(g, "ids_in_vocabulary", f"ids {outside[:10]} outside vocabulary of {vocab}")
-            if len(output_ids) > int(g["max_new_tokens"]):
-                report.add(
-                    g, "within_budget", f"{len(output_ids)} output tokens > max_new_tokens {g['max_new_tokens']}"
-                )
+        for g, fresh_ids in zip(ok_rows, self._fresh_prompt_ids(ok_rows)):
+            if (problem := self._history_problem(g)) is not None:
+                report.add(g, "history_holds_answers", problem)
+            for rule, detail in self._violations(g, fresh_ids):
+                report.add(g, rule, detail)
+
+    def _violations(self, g: dict, fresh_ids: list[int]) -> Iterator[tuple[str, str]]:
+        """(rule, detail) of each raw-token rule an ok row breaks, but the history's."""
+        mode, stops, vocab = self.mode(g), self.stops, self.vocab
+        prompt_ids, output_ids, finish, suffix = g["prompt_ids"], g["output_ids"], g["finish_type"], mode.suffix
+        if prompt_ids != fresh_ids:
+            n = min(len(prompt_ids), len(fresh_ids))
+            pos = next((i for i, (a, b) in enumerate(zip(prompt_ids, fresh_ids)) if a != b), n)
+            stored, fresh = prompt_ids[pos : pos + 5], fresh_ids[pos : pos + 5]
+            yield "prompt_matches_template", f"first difference at position {pos}: stored {stored} vs fresh {fresh}"
+        if suffix and prompt_ids[-len(suffix) :] != suffix:
+            expected = f"expected mode {mode.profile.mode}'s suffix {suffix}"
+            yield "prompt_suffix", f"prompt ends {prompt_ids[-len(suffix) - 2 :]}, {expected}"
+        if not mode.prompt_only.isdisjoint(output_ids):
+            bad_outputs = sorted(mode.prompt_only.intersection(output_ids))
+            yield "no_prompt_only_tokens", f"output contains prompt-only ids {bad_outputs}"
+        if finish not in ("length", LOOP_FINISH) and (not output_ids or output_ids[-1] not in stops):
+            last = output_ids[-1:] or None
+            yield "ends_with_stop", f"finish_type {finish!r}, last output id {last}, stop ids {sorted(stops)}"
+        matched = g["finish_matched"]
+        if finish == "stop" and matched.lstrip("-").isdigit() and output_ids and int(matched) != output_ids[-1]:
+            yield "finish_matches_output", f"matched {matched} but last output id {output_ids[-1]}"
+        lowest = min(min(prompt_ids, default=0), min(output_ids, default=0))
+        highest = max(max(prompt_ids, default=0), max(output_ids, default=0))
+        if lowest < 0 or highest >= vocab:
+            outside = sorted({t for t in prompt_ids + output_ids if not 0 <= t < vocab})
+            yield "ids_in_vocabulary", f"ids {outside[:10]} outside vocabulary of {vocab}"
+        if len(output_ids) > int(g["max_new_tokens"]):
+            yield "within_budget", f"{len(output_ids)} output tokens > max_new_tokens {g['max_new_tokens']}"
 
     def _fresh_prompt_ids(self, prompt_rows: list[dict]) -> list[list[int]]:
         """Each row's messages rendered afresh with its mode's template variables (a batch per mode)."""

@@ -132,66 +132,52 @@ class TurnMerger:
     turn's `prompt_ids + output_ids` token for token (several loss spans, the same targets).
 
     A chain may span batches: `feed` holds its last row back until the next turn shows whether it
-    extends it; `flush` gives the last one. `merged` counts the turns joined into an earlier row,
-    `not_merged` the later turns (turn ≥ 1) that start a row of their own, by reason."""
+    extends it; `flush` gives the last one. Per mode, `merged` counts the turns joined into an
+    earlier row, `not_merged` the later turns (turn ≥ 1) that start a row of their own, by reason."""
 
     def __init__(self, merge: bool):
         self.merge = merge
-        self.merged = 0
-        self.not_merged: Counter = Counter()
-        self.merged_by_mode: Counter = Counter()
-        self.not_merged_by_mode: dict[str, Counter] = {}
+        self.merged: Counter = Counter()
+        self.not_merged: dict[str, Counter] = {}
         self._last: dict | None = None
-        self._spans: list[tuple[int, int]] = []
-        self._turns = 0
+        self._spans: list[tuple[int, int]] = []  # a loss span per turn of the chain
         self._flags: set[str] = set()
 
     def _emit(self) -> list[dict]:
         if self._last is None:
             return []
-        row = dataset_row(self._last, self._spans, self._turns, sorted(self._flags))
+        row = dataset_row(self._last, self._spans, len(self._spans), sorted(self._flags))
         self._last = None
         return [row]
 
     def feed(self, rows: Iterable[dict]) -> list[dict]:
         out: list[dict] = []
         for row in rows:
+            mode = row.get("mode") or DEFAULT_MODE
             if not self.merge:
                 out.append(dataset_row(row))
                 if row["turn"]:
-                    self._not_merged(row, "merge_turns is off")
+                    self._not_merged(mode, "merge_turns is off")
                 continue
-            last = self._last
-            prompt = row["prompt_ids"]
-            same = last is not None and (last["id"], last["sample_index"], last.get("mode")) == (
-                row["id"],
-                row["sample_index"],
-                row.get("mode"),
-            )
-            if same and row["turn"] == last["turn"] + 1:
+            last, prompt = self._last, row["prompt_ids"]
+            span = (len(prompt), len(prompt) + len(row["output_ids"]))
+            if last is not None and _conversation(last) == _conversation(row) and row["turn"] == last["turn"] + 1:
                 before = len(last["prompt_ids"]) + len(last["output_ids"])
-                if (
-                    len(prompt) >= before
-                    and prompt[: len(last["prompt_ids"])] == last["prompt_ids"]
-                    and prompt[len(last["prompt_ids"]) : before] == last["output_ids"]
-                ):
-                    self._spans.append((len(prompt), len(prompt) + len(row["output_ids"])))
-                    self._last, self._turns = row, self._turns + 1
+                if prompt[:before] == last["prompt_ids"] + last["output_ids"]:
+                    self._last = row
+                    self._spans.append(span)
                     self._flags.update(row.get("flags") or ())
-                    self.merged += 1
-                    self.merged_by_mode[row.get("mode") or DEFAULT_MODE] += 1
+                    self.merged[mode] += 1
                     continue
-                self._not_merged(row, NOT_EXTENDED)
+                self._not_merged(mode, NOT_EXTENDED)
             elif row["turn"]:
-                self._not_merged(row, GAP)
+                self._not_merged(mode, GAP)
             out += self._emit()
-            self._last, self._spans, self._turns = row, [(len(prompt), len(prompt) + len(row["output_ids"]))], 1
-            self._flags = set(row.get("flags") or ())
+            self._last, self._spans, self._flags = row, [span], set(row.get("flags") or ())
         return out
 
-    def _not_merged(self, row: dict, why: str) -> None:
-        self.not_merged[why] += 1
-        self.not_merged_by_mode.setdefault(row.get("mode") or DEFAULT_MODE, Counter())[why] += 1
+    def _not_merged(self, mode: str, why: str) -> None:
+        self.not_merged.setdefault(mode, Counter())[why] += 1
 
     def flush(self) -> list[dict]:
         return self._emit()
@@ -199,47 +185,32 @@ class TurnMerger:
     def stats(self) -> dict:
         return {
             "merge_turns": self.merge,
-            "turns_merged": self.merged,
-            "turns_not_merged": dict(self.not_merged),
+            "turns_merged": sum(self.merged.values()),
+            "turns_not_merged": dict(sum(self.not_merged.values(), Counter())),
             "by_mode": {
-                mode: {
-                    "turns_merged": self.merged_by_mode.get(mode, 0),
-                    "turns_not_merged": dict(self.not_merged_by_mode.get(mode, {})),
-                }
-                for mode in sorted(set(self.merged_by_mode) | set(self.not_merged_by_mode))
+                mode: {"turns_merged": self.merged[mode], "turns_not_merged": dict(self.not_merged.get(mode, {}))}
+                for mode in sorted(set(self.merged) | set(self.not_merged))
             },
         }
 
 
-class JsonlWriter:
-    """JSON lines written as they come, atomically (a temp file renamed at `close`, `disk.AtomicFile`);
-    on an exception, a full disk among them (`DiskFull`, naming the file), the temp file goes. Lines
+def _conversation(row: dict) -> tuple:
+    return row["id"], row["sample_index"], row.get("mode")
+
+
+class JsonlWriter(AtomicFile):
+    """JSON lines written as they come, atomically (`disk.AtomicFile`), a list of rows at a time. Lines
     are what `json.dumps(row, ensure_ascii=False, separators=(",", ":"))` gives, made by orjson
     (several times faster on long id lists)."""
 
     def __init__(self, path: str | Path):
-        self._file = AtomicFile(path, what="JSON lines file")
-        self.path, self.tmp = self._file.path, self._file.tmp
+        super().__init__(path, what="JSON lines file")
         self.rows = 0
 
     def write(self, rows: Iterable[dict]) -> None:
         for row in rows:
-            self._file.write(orjson.dumps(row) + b"\n")
+            super().write(orjson.dumps(row) + b"\n")
             self.rows += 1
-
-    def close(self) -> None:
-        self._file.close()
-
-    def __enter__(self) -> "JsonlWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self._file.__exit__(exc_type, exc, tb)
-
-
-def write_jsonl(rows: Iterable[dict], path: str | Path) -> None:
-    with JsonlWriter(path) as writer:
-        writer.write(rows)
 
 
 def export_category(

@@ -154,7 +154,8 @@ def headline_values(
     total = {"category": TOTAL, "mode": overall, "whole": True} | _row_values(by_key[(TOTAL, overall)])
     total["verdicts"] = add_counts([r["verdicts"] for r in out if r["whole"]])
     used = [usage[c] for c in modes if c in usage]
-    total |= _hours(_sum_usage(used) if used else None, projected.get((TOTAL, overall)), key)
+    summed = {k: sum(u[k] for u in used) for k in ("job_hours", "gpu_hours")} if used else None
+    total |= _hours(summed, projected.get((TOTAL, overall)), key)
     rows = [*out, total]
     for mode in mode_totals:
         row = {"category": TOTAL, "mode": mode, "whole": False} | _row_values(by_key[(TOTAL, mode)])
@@ -165,14 +166,6 @@ def headline_values(
     engines = sorted({e for u in used for e in u["engines"]})
     parsers = sorted({c.get("reasoning_parser") for c in checks.values() if c.get("reasoning_parser")})
     return {"rows": rows, "total": total, "several_modes": several_modes, "engines": engines, "parsers": parsers}
-
-
-def _sum_usage(used: list[dict]) -> dict:
-    return {
-        "job_hours": sum(u["job_hours"] for u in used),
-        "gpu_hours": sum(u["gpu_hours"] for u in used),
-        "engines": sorted({e for u in used for e in u["engines"]}),
-    }
 
 
 # The projection's hours: GPU-hours where it knows the server's GPUs, else server-hours.

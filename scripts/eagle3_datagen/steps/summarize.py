@@ -149,10 +149,7 @@ def category_summary(
     `turns`, when given, gets (mode, turn, status, reason kind) -> [rows, output tokens, flags] of every row."""
     counts, filtered, flagged, quality = read_rejected(rejected)
     merging = merging or {}
-    gate = merging.get("quality") or {}
-    kept_by_mode = gate.get("kept_flags_by_mode")
-    if kept_by_mode is None:  # a dataset exported before modes: its one mode
-        kept_by_mode = {DEFAULT_MODE: gate.get("kept_flags") or {}}
+    kept_by_mode = (merging.get("quality") or {}).get("kept_flags_by_mode") or {}
     tallies: dict[str, _ModeTally] = {}
     lengths: dict[str, tuple[list[int], list[int]]] = {}
     for batch in scan_generations(generations, batching):
@@ -191,11 +188,9 @@ def category_summary(
             if turns is not None:
                 for turn, n in per_turn.items():
                     turns.setdefault((mode, int(turn), "ok", ""), [0, 0, Counter()])[2][code] += n
-        by_mode = (merging.get("by_mode") or {}).get(mode)
-        if by_mode is None and len(tallies) == 1:  # a dataset exported before modes
-            by_mode = merging
-        tally.turns_merged = int((by_mode or {}).get("turns_merged", 0))
-        tally.not_merged.update((by_mode or {}).get("turns_not_merged") or {})
+        by_mode = (merging.get("by_mode") or {}).get(mode) or {}
+        tally.turns_merged = int(by_mode.get("turns_merged", 0))
+        tally.not_merged.update(by_mode.get("turns_not_merged") or {})
     if not tallies:  # an empty category still has its row
         tallies[DEFAULT_MODE] = _ModeTally()
     if len(tallies) == 1:

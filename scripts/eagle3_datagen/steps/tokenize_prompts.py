@@ -165,11 +165,9 @@ def check_bad_rows(
             + "\n  ".join(f"{n} x {why}" for why, n in tally.reasons.most_common(10))
         )
     if tally.skipped and on_bad_rows == "fail":
-        listing = "\n  ".join(tally.first_skipped) + (
-            f"\n  ... and {tally.skipped - len(tally.first_skipped)} more"
-            if tally.skipped > len(tally.first_skipped)
-            else ""
-        )
+        listing = "\n  ".join(tally.first_skipped)
+        if tally.skipped > len(tally.first_skipped):
+            listing += f"\n  ... and {tally.skipped - len(tally.first_skipped)} more"
         raise BadRows(
             f"{tally.skipped} of {tally.rows} rows of {source} cannot be used (on_bad_rows: fail):\n  {listing}"
         )
@@ -186,18 +184,18 @@ class Tally:
         self.reasons: Counter = Counter()
         self.first_skipped: list[str] = []
         self.first_unexpected: list[str] = []
-        self.normalization: dict[str, int] = {}
+        self.normalization: Counter = Counter()  # what reading the file changed (PromptRow.fixes)
         self.modes: Counter = Counter()  # usable conversations per mode
 
     def add(self, rows: list[PromptRow], table: list[dict]) -> None:
         self.rows += len(rows)
         for row in rows:
+            if row.ok:
+                self.normalization.update(row.fixes)
             if row.unexpected:
                 self.unexpected += 1
                 if len(self.first_unexpected) < 10:
                     self.first_unexpected.append(row.reason)
-        for kind, n in normalization_counts(rows).items():
-            self.normalization[kind] = self.normalization.get(kind, 0) + n
         # A conversation is skipped when none of its modes can use it (its first sample of each).
         firsts: dict[str, list[dict]] = {}
         for r in table:
@@ -209,7 +207,7 @@ class Tally:
         for requests in firsts.values():
             if all(r["status"] == "skipped" for r in requests):
                 self.skipped += 1
-                self.reasons[reason_kind(requests[0]["reason"])] += 1
+                self.reasons[without_source(requests[0]["reason"])[:120]] += 1
                 if len(self.first_skipped) < self.FIRST:
                     self.first_skipped.append(requests[0]["reason"])
 
@@ -232,21 +230,6 @@ def input_batches(rows: Iterable[PromptRow], batching: Batching) -> Iterator[lis
 def row_seed(base_seed: int, row_id: str, sample_index: int) -> int:
     """A stable per-request seed: the same row and sample always draw the same seed."""
     return int(stable_hash([base_seed, row_id, sample_index])[:15], 16) % (2**31 - 1)
-
-
-def normalization_counts(rows: list[PromptRow]) -> dict:
-    """What normalization changed in the category's usable rows, per kind (prompt_rows.PromptRow.fixes)."""
-    counts: dict[str, int] = {}
-    for row in rows:
-        if row.ok:
-            for kind, n in row.fixes.items():
-                counts[kind] = counts.get(kind, 0) + n
-    return counts
-
-
-def reason_kind(reason: str) -> str:
-    """A skip reason without its file and line ("f.jsonl:12: field 'id': ...")."""
-    return without_source(reason)[:120]
 
 
 def mode_chats(chat: ChatTokenizer, profile: ModelProfile, modes: tuple[str, ...] = ()) -> dict[str, ChatTokenizer]:

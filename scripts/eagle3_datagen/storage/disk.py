@@ -1,12 +1,4 @@
-"""A full disk, said plainly: `DiskFull`, and files written whole or not at all (`AtomicFile`).
-
-A write that finds its disk full (ENOSPC) or its quota spent (EDQUOT) becomes a `DiskFull` whose
-message names the file, the bytes that did not fit, the bytes still free on that filesystem (a quota
-may allow fewer), where the caller knows it the space the rest of the work needs, and what to do.
-It is an `OSError` with the original errno, so code that handles OSErrors still does.
-
-`AtomicFile` writes `<path>.tmp` and renames it over `path` when it is closed whole: a full disk, or
-any other exception, removes the temp file, so no half file is ever found under the final name.
+"""A full disk, said plainly (`DiskFull`), and files written whole or not at all (`AtomicFile`).
 
 Imports nothing of the package.
 """
@@ -21,7 +13,8 @@ FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class DiskFull(OSError):
-    """A write stopped by a full disk or a spent quota; `path` is the file it was for."""
+    """A write stopped by a full disk (ENOSPC) or a spent quota (EDQUOT); `path` is the file it was for.
+    An `OSError` with the original errno, so code that handles OSErrors still does."""
 
     def __init__(self, code: int, message: str, path: str | Path | None = None):
         super().__init__(code, message)
@@ -32,7 +25,6 @@ class DiskFull(OSError):
 
 
 def is_full(exc: BaseException) -> bool:
-    """Whether `exc` is a disk-full error (ENOSPC, EDQUOT)."""
     return isinstance(exc, OSError) and exc.errno in FULL_ERRNOS
 
 
@@ -80,10 +72,9 @@ def disk_full(
     needed: int | None = None,
     advice: str = DEFAULT_ADVICE,
 ) -> DiskFull:
-    """The `DiskFull` of `exc` (ENOSPC or EDQUOT) met while writing `path`.
-
-    `what` names the file ("journal", "table"); `unwritten`: the bytes that did not fit; `needed`:
-    about how much the rest of the work needs; `advice`: what to do ({mount} is filled in)."""
+    """The `DiskFull` of `exc` met while writing `path`: its message names the file (`what`: "journal",
+    "table"), the bytes that did not fit (`unwritten`), those still free on the filesystem, about how much
+    the rest of the work needs (`needed`), and what to do (`advice`, {mount} filled in)."""
     mount = mount_of(path)
     cause = "the disk quota is exceeded (EDQUOT)" if exc.errno == errno.EDQUOT else "the disk is full (ENOSPC)"
     parts = [f"{what} {path}: {cause}"]
@@ -122,7 +113,6 @@ class AtomicFile:
             self._fail(exc)
 
     def close(self) -> None:
-        """Write what is buffered and put the file in place."""
         try:
             self._fh.close()
             os.replace(self.tmp, self.path)
@@ -131,7 +121,6 @@ class AtomicFile:
         self.closed = True
 
     def discard(self) -> None:
-        """Remove the temp file; `path` stays as it was."""
         if self._fh is not None:
             with suppress(OSError):  # the buffered tail cannot be written: it is not wanted either
                 self._fh.close()

@@ -1,14 +1,6 @@
 """Progress of a long local step, said where people look: rows done of the total, percent, rate,
 time elapsed and an ETA, in the rule's log and on stderr, which Snakemake shows in its terminal.
 
-`Progress` writes a line when a step starts ("0 of 12,345 rows"), then one about every `interval_s`
-(sooner when another tenth of the work is done, never within the first interval: a short step says
-only where it starts and ends), and one at the end with the total and the time taken. It logs to the
-logger named after the step, each record marked `progress`: `ProgressOnly` lets a handler pass these
-records alone (`workflow.setup_logging` sends them to stderr as well as to the log file), and
-`terminal_format` names the job in them (the wildcards of its log file), so that the lines of jobs
-running side by side in one terminal can be told apart.
-
 Imports nothing of the package.
 """
 
@@ -46,9 +38,10 @@ def rate_text(per_second: float) -> str:
 
 class Progress:
     """Progress lines of one step over `total` units (None: not known ahead; `advance` may then say
-    how far the work is by a `fraction` of it, such as the place in the input file).
-
-    `clock` gives seconds (time.monotonic); tests drive it by hand."""
+    how far the work is by a `fraction` of it, such as the place in the input file), to the logger
+    named after the step, each record marked `progress`: a line at the start, then about every
+    `interval_s` (never within the first: a short step says only where it starts and ends), and one
+    at the end. `clock` gives seconds (time.monotonic); tests drive it by hand."""
 
     def __init__(
         self,
@@ -141,7 +134,8 @@ class Progress:
 
 
 class ProgressOnly(logging.Filter):
-    """Passes the records of progress lines (`Progress`) only."""
+    """Passes the records of progress lines (`Progress`) only: `workflow.setup_logging` sends them to
+    stderr as well as to the log file."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return bool(getattr(record, "progress", False))
@@ -158,7 +152,7 @@ def job_wildcards(log_file: str | Path) -> tuple[str, ...]:
 
 
 def terminal_format(log_file: str | Path | None) -> str:
-    """The format of progress lines on the terminal: the time, the step and the job's wildcards
-    ("21:07:02 check_sequences math: 1,234 of 12,345 rows ...")."""
+    """The format of progress lines on the terminal: the time, the step and the job's wildcards, so that
+    jobs side by side can be told apart ("21:07:02 check_sequences math: 1,234 of 12,345 rows ...")."""
     wildcards = " ".join(job_wildcards(log_file)) if log_file else ""
     return "%(asctime)s %(name)s" + (" " + wildcards.replace("%", "%%") if wildcards else "") + ": %(message)s"

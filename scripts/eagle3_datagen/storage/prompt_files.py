@@ -7,6 +7,8 @@ bytes (JSON lines, JSON arrays, Parquet, Arrow) are `prompt_formats`'.
 May import: `settings`, `storage.prompt_rows`; never the formats or the reading pass built on it.
 """
 
+import codecs
+import itertools
 import json
 from pathlib import Path
 
@@ -69,6 +71,19 @@ def read_blocks(path: Path):
         raise PromptFileError(
             f"{path}: cannot be read as {kind or 'uncompressed'} data: {type(exc).__name__}: {exc}"
         ) from None
+
+
+def json_stream(path: Path):
+    """(the text's first 20 bytes past white space, the whole byte stream) of a JSON or JSONL file,
+    a UTF-8 byte order mark at the start (Windows editors write one) dropped."""
+    blocks = read_blocks(path)
+    head = b""
+    for block in blocks:
+        head += block
+        if len(head) >= len(codecs.BOM_UTF8) and head.removeprefix(codecs.BOM_UTF8).lstrip():
+            break
+    head = head.removeprefix(codecs.BOM_UTF8)
+    return head.lstrip()[:20], itertools.chain([head], blocks)
 
 
 def split_lines(blocks):

@@ -9,13 +9,12 @@ built on this module.
 """
 
 import codecs
-import itertools
 import json
 import re
 from pathlib import Path
 
 from eagle3_datagen.storage import prompt_files  # its BLOCK, read at call time (tests set it small)
-from eagle3_datagen.storage.prompt_files import PromptFileError, file_kind, folder_files, read_blocks, split_lines
+from eagle3_datagen.storage.prompt_files import PromptFileError, file_kind, folder_files, json_stream, split_lines
 
 
 def _iter_jsonl_lines(lines, where):
@@ -48,8 +47,6 @@ class _Text:
     for a reader that moves forward through it (`buf[pos:]` is what is left to read)."""
 
     def __init__(self, path: Path, blocks):
-        import codecs
-
         self.path = path
         self.blocks = iter(blocks)
         self.decoder = codecs.getincrementaldecoder("utf-8")()
@@ -166,24 +163,15 @@ def _iter_json_array(path: Path, blocks):
 
 
 def _iter_json_file(path: Path):
-    """JSONL, or one JSON array (what ShareGPT-style files are), whatever the suffix says. A UTF-8
-    byte order mark at the start (Windows editors write one) is dropped."""
-    blocks = read_blocks(path)
-    head = b""
-    for block in blocks:
-        head += block
-        if len(head) >= len(codecs.BOM_UTF8) and head.removeprefix(codecs.BOM_UTF8).lstrip():
-            break
-    head = head.removeprefix(codecs.BOM_UTF8)
-    first = head.lstrip()[:1]
-    stream = itertools.chain([head], blocks)
-    if first == b"[":
+    """JSONL, or one JSON array (what ShareGPT-style files are), whatever the suffix says."""
+    start, stream = json_stream(path)
+    if start[:1] == b"[":
         yield from _iter_json_array(path, stream)
-    elif first in (b"{", b""):
+    elif start[:1] in (b"{", b""):
         yield from _iter_jsonl_lines(split_lines(stream), lambda number: f"{path}:{number}")
     else:
         raise PromptFileError(
-            f"{path}: neither JSON lines nor a JSON array: it starts with {head.lstrip()[:20]!r} (expected '{{' or '[')"
+            f"{path}: neither JSON lines nor a JSON array: it starts with {start!r} (expected '{{' or '[')"
         )
 
 
@@ -231,7 +219,7 @@ def _batch_records(batch):
 def _iter_columnar(path: Path, json_columns=JSON_COLUMNS):
     """Rows of a Parquet or Arrow file, a record batch at a time."""
     number = 0
-    for batch in _record_batches(path):
+    for batch in record_batches(path):
         for record, error in _batch_records(batch):
             number += 1
             if error is None:
@@ -242,7 +230,8 @@ def _iter_columnar(path: Path, json_columns=JSON_COLUMNS):
             yield f"{path}:row {number}", None if error else record, error
 
 
-def _record_batches(path: Path):
+def record_batches(path: Path):
+    """The record batches of a Parquet or Arrow file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

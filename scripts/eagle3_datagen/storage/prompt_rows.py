@@ -33,6 +33,9 @@ SHAREGPT_ROLES = {
 }
 
 
+# The message keys carried as they are into the table's JSON and the chat template, besides role and content.
+CARRIED = ("tool_calls", "tool_call_id", "name", "reasoning_content")
+
 # The standard speakers of ShareGPT; any other known one (chatgpt, bing, bard, model, ...) is mapped
 # and counted as `speakers_mapped`.
 SHAREGPT_STANDARD = {"system", "human", "gpt", "tool"}
@@ -188,24 +191,18 @@ def _normalize_message(raw, index: int, sharegpt: bool) -> dict:
             )
         message = {"role": SHAREGPT_ROLES[speaker], "content": raw.get("value")}
         content_field = f"{where}.value"
-        for key in ("tool_calls", "tool_call_id", "name", "reasoning_content"):
-            if key in raw:
-                message[key] = raw[key]
+        message |= {k: raw[k] for k in CARRIED if k in raw}
     else:
         role = raw.get("role")
         if not isinstance(role, str) or role not in ROLES:
             raise RowError(f"{where}.role", f"unknown role {short_repr(role)} (expected one of {', '.join(ROLES)})")
-        message = {
-            k: v
-            for k, v in raw.items()
-            if k in ("role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content")
-        }
+        message = {k: v for k, v in raw.items() if k in ("role", "content", *CARRIED)}
         content_field = f"{where}.content"
     role = message["role"]
     text = _content_text(message.get("content"), content_field)
     message["content"] = text
-    for key in ("tool_calls", "tool_call_id", "name", "reasoning_content"):
-        if key in message:  # carried as they are into the table's JSON and the chat template
+    for key in CARRIED:
+        if key in message:
             _check_json(message[key], f"{where}.{key}")
     tool_calls = message.get("tool_calls")
     if tool_calls is not None:

@@ -2,21 +2,12 @@
 
 `iter_prompts` is the reading pass over one category's prompt file or folder: each record
 (`prompt_formats.iter_records`) is normalized (`prompt_rows.normalize_row`), then sampled, limited
-(`max_rows`), checked for duplicate ids and deduplicated.
-
-One guard in `iter_prompts` turns whatever goes wrong with one row into that row's reason: a
-`RowError` for the problems foreseen, any other exception as an `unexpected` row whose traceback
-is logged (a possible bug, counted and limited by the tokenize step). Only a file that cannot be
-read as a whole is a `PromptFileError`.
-
-`prompt_extent` says, before the reading pass and without parsing, how many records the input
-holds (or, for a JSON array, how many lines), so that the pass can say how far it is.
+(`max_rows`), checked for duplicate ids and deduplicated. `prompt_extent` sizes the input ahead, so
+that the pass can say how far it is.
 
 May import: `settings`, `storage.prompt_rows`, `storage.prompt_files`, `storage.prompt_formats`.
 """
 
-import codecs
-import itertools
 import logging
 import re
 from collections.abc import Iterator
@@ -24,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_datagen.settings import stable_hash
-from eagle3_datagen.storage.prompt_files import PromptFileError, file_kind, folder_files, read_blocks, split_lines
-from eagle3_datagen.storage.prompt_formats import JSON_COLUMNS, iter_records
+from eagle3_datagen.storage.prompt_files import PromptFileError, file_kind, folder_files, json_stream, split_lines
+from eagle3_datagen.storage.prompt_formats import JSON_COLUMNS, iter_records, record_batches
 from eagle3_datagen.storage.prompt_rows import PromptRow, ReadOptions, RowError, normalize_row, valid_text
 
 log = logging.getLogger(__name__)
@@ -65,13 +56,14 @@ def read_prompts(path: str | Path, options: ReadOptions | None = None) -> list[P
 
 
 def iter_prompts(path: str | Path, options: ReadOptions | None = None) -> Iterator[PromptRow]:
-    """Every row of a prompt file, in file order, read as it goes; unusable rows carry a reason
-    naming file, line, field. Only ids and content hashes are remembered, for duplicates and dedup.
+    """Every row of a prompt file, in file order, read as it goes; unusable rows (those left out by
+    `sample_fraction` or `max_rows` too) carry a reason naming file, line, field. Only ids and content
+    hashes are remembered, for duplicates and dedup.
 
-    Rows left out by `sample_fraction` or past `max_rows` are skipped rows too, with that reason.
-    Whatever goes wrong with one row is that row's reason: a RowError as foreseen, any other
-    exception as an `unexpected` row, its traceback logged. Only a PromptFileError (a file that
-    cannot be read as a whole) or a missing path ends the reading."""
+    One guard makes whatever goes wrong with one row that row's reason: a RowError as foreseen, any
+    other exception as an `unexpected` row (a possible bug, counted and limited by the tokenize step),
+    its traceback logged. Only a PromptFileError (a file that cannot be read as a whole) or a missing
+    path ends the reading."""
     options = options or ReadOptions()
     path = Path(path)
     if not path.exists():
@@ -146,15 +138,8 @@ def _file_extent(path: Path) -> tuple[int | None, int]:
         return rows, rows
     if kind != "json":
         raise PromptFileError(f"{path}: unknown prompt file type")
-    blocks = read_blocks(path)
-    head = b""
-    for block in blocks:  # to the first character that is not a byte order mark or space
-        head += block
-        if head.removeprefix(codecs.BOM_UTF8).lstrip():
-            break
-    head = head.removeprefix(codecs.BOM_UTF8)
-    stream = itertools.chain([head], blocks)
-    if head.lstrip()[:1] == b"[":  # one JSON array: its lines, counted as bytes
+    start, stream = json_stream(path)
+    if start[:1] == b"[":  # one JSON array: its lines, counted as bytes
         return None, sum(block.count(b"\n") for block in stream) + 1
     lines = records = 0
     for line in split_lines(stream):
@@ -164,18 +149,11 @@ def _file_extent(path: Path) -> tuple[int | None, int]:
 
 
 def _columnar_rows(path: Path) -> int:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     if path.suffix == ".parquet":
         return pq.read_metadata(path).num_rows
-    with pa.memory_map(str(path)) as source:  # `datasets` writes Arrow IPC streams
-        try:
-            return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
-        except pa.ArrowInvalid:
-            source.seek(0)
-            reader = pa.ipc.open_file(source)
-            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+    return sum(batch.num_rows for batch in record_batches(path))
 
 
 class _Rows:
