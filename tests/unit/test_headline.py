@@ -92,16 +92,17 @@ def summary(tmp_path):
     return tmp_path / "summary.tsv"
 
 
-def sglang_shard(elapsed_s, requests, tp_size):
+def sglang_shard(wall_s, requests, tp_size):
     engine = {"kind": "sglang", "sglang": {"model_path": "m", "tp_size": tp_size}}
-    return {"client": {"elapsed_s": elapsed_s, "requests": requests}, "params": {"engine": engine}}
+    return {"client": {"requests": requests}, "params": {"engine": engine}, "job": {"wall_s": wall_s}}
 
 
-def local_usage(elapsed_s):
+def local_usage(wall_s):
     return job_usage(
         {
-            "client": {"elapsed_s": elapsed_s, "requests": 3},
+            "client": {"requests": 3},
             "params": {"engine": {"kind": "local", "local": {"gpus": 0}}},
+            "job": {"wall_s": wall_s},
         }
     )
 
@@ -142,7 +143,7 @@ def test_every_category_and_mode_gets_its_rows_by_reason_its_tokens_and_its_chec
     assert "job_hours" not in rows[("math", "thinking")]
 
 
-def test_gpu_hours_are_each_jobs_sending_time_times_the_gpus_it_held():
+def test_gpu_hours_are_each_jobs_time_times_the_gpus_it_held():
     # Three shards of one category: two sent on a 4-GPU server; one had nothing left to send (no server).
     usage = job_usage({"shards": [sglang_shard(1800, 10, 4), sglang_shard(3600, 5, 4), sglang_shard(5, 0, 4)]})
     assert usage["job_hours"] == pytest.approx((1800 + 3600) / 3600)
@@ -153,7 +154,8 @@ def test_gpu_hours_are_each_jobs_sending_time_times_the_gpus_it_held():
     cpu = local_usage(120)
     text = compute_text(dict(cpu, projected_hours=None), cpu["engines"])
     assert "0 GPU-hours</strong> (CPU engine)" in text and f"{hours(120 / 3600)} job-hours" in text
-    external = job_usage({"client": {"elapsed_s": 60, "requests": 2}, "params": {"engine": {"kind": "external"}}})
+    shard = {"client": {"requests": 2}, "params": {"engine": {"kind": "external"}}, "job": {"wall_s": 60}}
+    external = job_usage(shard)
     assert external["gpu_hours"] == 0
     assert "not counted" in compute_text(dict(external, projected_hours=None), external["engines"])
 

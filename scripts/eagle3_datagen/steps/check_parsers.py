@@ -50,8 +50,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-import pyarrow as pa
-
 from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.settings import ModelProfile
 from eagle3_datagen.storage.tables import Batching, TableWriter, count_rows, iter_batches, logged
@@ -162,20 +160,13 @@ def _first_diff(a: list[int], b: list[int]) -> int:
 
 
 def _section_span(output: list[int], offset: int, section_ids) -> tuple[int, int] | None:
-    if not section_ids:
+    """The tool section in `expected`: its first token to its last end token, or to the output's end."""
+    if not section_ids or section_ids[0] not in output:
         return None
     begin, end = section_ids
-    try:
-        start = output.index(begin)
-    except ValueError:
-        return None
-    try:
-        stop = len(output) - 1 - output[::-1].index(end)
-        if stop < start:
-            stop = len(output) - 1
-    except ValueError:
-        stop = len(output) - 1
-    return offset + start, offset + stop
+    start, last = output.index(begin), len(output) - 1
+    stop = last - output[::-1].index(end) if end in output else last
+    return offset + start, offset + (stop if stop >= start else last)
 
 
 def _routes(
@@ -305,22 +296,25 @@ def counts(verdict_rows: list[dict] | Counter) -> dict:
     return out
 
 
-VERDICT_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("sample_index", pa.int32()),
-        ("turn", pa.int32()),
-        ("mode", pa.string()),
-        ("verdict", pa.string()),
-        ("first_diff", pa.int64()),
-        ("excerpt_expected", pa.string()),
-        ("excerpt_route", pa.string()),
-        ("n_reasoning_tokens", pa.int32()),
-        ("n_answer_tokens", pa.int32()),
-        ("has_tools", pa.bool_()),
-        ("finish_type", pa.string()),
-    ]
-)
+def verdict_schema():
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("sample_index", pa.int32()),
+            ("turn", pa.int32()),
+            ("mode", pa.string()),
+            ("verdict", pa.string()),
+            ("first_diff", pa.int64()),
+            ("excerpt_expected", pa.string()),
+            ("excerpt_route", pa.string()),
+            ("n_reasoning_tokens", pa.int32()),
+            ("n_answer_tokens", pa.int32()),
+            ("has_tools", pa.bool_()),
+            ("finish_type", pa.string()),
+        ]
+    )
 
 
 def check_parsers(
@@ -337,7 +331,7 @@ def check_parsers(
         "sglang_version": profile.sglang_version,
     }
     per_mode: dict[str, Counter] = {}
-    with TableWriter(verdicts, VERDICT_SCHEMA, batching) as writer:
+    with TableWriter(verdicts, verdict_schema(), batching) as writer:
         for gens in logged(iter_batches(generations, batching), count_rows(generations), "check_parsers"):
             rows = check_rows(gens, tokenizer=tokenizer, profile=profile, checkers=checkers)
             for r in rows:

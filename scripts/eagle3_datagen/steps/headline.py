@@ -63,9 +63,8 @@ def read_table(path: str | Path) -> list[dict]:
 
 def job_usage(provenance: dict) -> dict:
     """A category's generate jobs (one per shard) that sent requests: their hours, and GPU-hours as each
-    job's hours times the GPUs it held (a job that sent nothing started no server). A job's hours are its whole time with its
-    server, start-up and shutdown included (`job.wall_s`), or its sending time where a table made
-    before that was recorded says only that."""
+    job's hours times the GPUs it held (a job that sent nothing started no server). A job's hours are its
+    whole time with its server, start-up and shutdown included (`job.wall_s`)."""
     job_h = gpu_h = 0.0
     kinds = set()
     for shard in provenance.get("shards") or [provenance]:
@@ -76,8 +75,7 @@ def job_usage(provenance: dict) -> dict:
             kinds.add(settings.kind)
         if not client.get("requests"):
             continue  # nothing sent: no server was started (rule generate_cached), no GPU held
-        wall_s = (shard.get("job") or {}).get("wall_s")
-        elapsed_h = float(wall_s if wall_s is not None else client.get("elapsed_s") or 0.0) / 3600
+        elapsed_h = float(shard["job"]["wall_s"]) / 3600
         job_h += elapsed_h
         gpu_h += elapsed_h * (settings.gpus if settings else 0)
     return {"job_hours": job_h, "gpu_hours": gpu_h, "engines": sorted(kinds)}

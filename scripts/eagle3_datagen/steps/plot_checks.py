@@ -54,20 +54,16 @@ def tally_finishes(
         finish = batch["finish_type"].to_pylist()
         for i, (s, f) in enumerate(zip(status, finish)):
             c = counts.setdefault(modes[i] or DEFAULT_MODE, Counter())
-            if s == "failed":
-                c["failed"] += 1
-            elif s == "skipped":
-                c["skipped"] += 1
-            elif s == "ok" and f == LOOP_FINISH:
+            if s != "ok":
+                c[s] += 1  # failed or skipped
+            elif f == LOOP_FINISH:
                 c["loop"] += 1
-            elif s == "ok" and f != "length":
+            elif f != "length":
                 c["stop"] += 1
-            elif s == "ok":
+            else:
                 output = batch["output_ids"][i].values.to_numpy()
-                if reasoning_end_id is not None and not (output == reasoning_end_id).any():
-                    c["inside"] += 1
-                else:
-                    c["after"] += 1
+                inside = reasoning_end_id is not None and not (output == reasoning_end_id).any()
+                c["inside" if inside else "after"] += 1
     return {mode: tuple(c[k] for k in FINISH_KINDS) for mode, c in counts.items()}
 
 

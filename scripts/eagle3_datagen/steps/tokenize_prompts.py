@@ -118,12 +118,11 @@ def tokenize_prompts(
 
 
 def table_provenance(
-    source: Path, tokenizer, profile: ModelProfile, tally: "Tally", params: dict, mix: ModeMix | None = None
+    source: Path, tokenizer, profile: ModelProfile, tally: "Tally", params: dict, mix: ModeMix
 ) -> dict:
     """The prompts table's provenance: the token facts every later step reads instead of the
     tokenizer (each mode's prompt suffix and prompt-only ids under `modes`), the mode mix with the
     seed that drew it, what normalization changed, and the step's parameters."""
-    mix = mix or ModeMix.parse(None, profile.mode_names)
     return {
         "prompts_file": str(source),
         **token_facts(tokenizer, profile),

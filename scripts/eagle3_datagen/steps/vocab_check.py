@@ -5,11 +5,7 @@
 
 A mapping (`results/vocab/`) counted on one `train.jsonl` and used with another, or with another
 tokenizer's ids, trains a draft whose vocabulary misses the target's tokens; training runs and
-acceptance quietly collapses. `check_vocab` compares the mapping's `provenance.json`
-(`steps.vocab_mapping`) with the data and the tokenizer at hand, and with its own files, and names
-every difference: the data's sha256, the tokenizer's sha256 and length, the draft and target
-vocabulary sizes (the files' shapes, and those the trainer is given), `max_length`, and a mapping
-file changed since. The command exits 1 with the differences, 0 when there are none.
+acceptance quietly collapses. The command exits 1 with the differences, 0 when there are none.
 """
 
 import argparse
@@ -71,7 +67,9 @@ def check_vocab(
     target_vocab_size: int | None = None,
     max_length: int | None = None,
 ) -> list[str]:
-    """Every way the mapping in `vocab` does not belong to `train` and the tokenizer (empty: it does).
+    """Every way the mapping in `vocab` does not belong to `train` and the tokenizer (empty: it does), by
+    its `provenance.json` (`steps.vocab_mapping`): the data's sha256, the tokenizer's sha256 and length,
+    the vocabulary sizes, `max_length`, and its own files.
 
     `tokenizer` is `tokens.vocabulary.tokenizer_fingerprint` of the tokenizer at hand; the sizes and
     `max_length`, when given, are those the trainer is configured with."""
