@@ -18,15 +18,7 @@ import pyarrow as pa
 from eagle3_datagen.quality.gate import Gate, reason_of
 from eagle3_datagen.settings import DEFAULT_MODE, defaults
 from eagle3_datagen.storage.disk import AtomicFile
-from eagle3_datagen.storage.tables import (
-    IDS,
-    Batching,
-    TableWriter,
-    count_rows,
-    iter_batches,
-    logged,
-    read_provenance,
-)
+from eagle3_datagen.storage.tables import IDS, Batching, TableWriter, count_rows, iter_batches, logged, read_provenance
 from eagle3_datagen.storage.trainer_rows import dataset_row
 
 log = logging.getLogger(__name__)

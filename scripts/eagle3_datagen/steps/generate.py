@@ -12,18 +12,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from eagle3_datagen.generation.assemble import (
-    ASSEMBLE_COLUMNS,
-    ShardRows,
-    rows_of,
-    sending_job,
-)
-from eagle3_datagen.generation.planning import (
-    journal_path,
-    open_journal,
-    shard_of,
-    shard_rows,
-)
+from eagle3_datagen.generation.assemble import ASSEMBLE_COLUMNS, ShardRows, rows_of, sending_job
+from eagle3_datagen.generation.planning import journal_path, open_journal, shard_of, shard_rows
 from eagle3_datagen.generation.run import generate_category
 from eagle3_datagen.quality.flags import QualitySettings
 from eagle3_datagen.settings import ClientSettings, ModelProfile, stable_hash
@@ -128,7 +118,7 @@ def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: P
             )
     held = sum(count_rows(path) for path in shard_generations)
     expected = sum(
-        sum(rows_of(k) for k in keys) for keys in iter_batches(prompts, batching, columns=["status", "turn_ends"])
+        rows_of(k) for keys in iter_batches(prompts, batching, columns=["status", "turn_ends"]) for k in keys
     )
     if held != expected:
         raise RuntimeError(f"{generations}: the shards hold {held} rows, the prompts table's turns {expected}")

@@ -206,21 +206,12 @@ def category_summary(
 def write_turns(per_category: dict[str, Counter], path: Path) -> pd.DataFrame:
     """Rows and output tokens per category, mode, turn index, status and reason (the turns table), and
     how many of those rows each quality flag marks (`flag_<code>`)."""
+    columns = ["category", "mode", "turn", "status", "reason", "rows", "output_tokens", *(f"flag_{c}" for c in CODES)]
     records = [
-        {
-            "category": category,
-            "mode": mode,
-            "turn": turn,
-            "status": status,
-            "reason": reason,
-            "rows": n,
-            "output_tokens": tokens,
-            **{f"flag_{code}": int(flags[code]) for code in CODES},
-        }
+        (category, mode, turn, status, reason, n, tokens, *(int(flags[code]) for code in CODES))
         for category, cells in per_category.items()
         for (mode, turn, status, reason), (n, tokens, flags) in sorted(cells.items())
     ]
-    columns = ["category", "mode", "turn", "status", "reason", "rows", "output_tokens", *(f"flag_{c}" for c in CODES)]
     frame = pd.DataFrame(records, columns=columns)
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, sep="\t", index=False)

@@ -1,4 +1,4 @@
-"""A full disk, said plainly (`DiskFull`), and files written whole or not at all (`AtomicFile`).
+"""A full disk, said plainly (`DiskFull`), and files written whole or not at all (`WholeFile`).
 
 Imports nothing of the package.
 """
@@ -6,7 +6,7 @@ Imports nothing of the package.
 import errno
 import hashlib
 import os
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -90,59 +90,74 @@ def disk_full(
     return DiskFull(exc.errno, f"{'; '.join(parts)}. {todo[:1].upper()}{todo[1:]}.", path)
 
 
-class AtomicFile:
-    """Bytes written to `<path>.tmp`, renamed to `path` at `close`. On any exception (a full disk
-    among them: then a `DiskFull` naming `path`) the temp file goes and `path` is left as it was."""
+class WholeFile:
+    """A file written to `<path>.tmp` and renamed to `path` when it is closed whole. On any exception
+    (a full disk among them: then a `DiskFull` naming `path`) the temp file goes and `path` is left
+    as it was: no half file is ever found under the final name. `_handle` is what writes the temp file."""
 
-    def __init__(self, path: str | Path, what: str = "file"):
+    what = "file"
+    advice = DEFAULT_ADVICE
+
+    def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.what = what
         self.tmp = self.path.with_name(self.path.name + ".tmp")
         self.closed = False
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.tmp, "wb")
-        except OSError as exc:
-            self._fh = None
-            self._fail(exc)
+        self._handle = None
 
-    def write(self, data: bytes) -> None:
+    @contextmanager
+    def guarded(self):
+        """A write that fails discards the file: a full disk is a `DiskFull` naming it."""
         try:
-            self._fh.write(data)
+            yield
+        except DiskFull:
+            raise  # already discarded, by a write within this one
         except OSError as exc:
-            self._fail(exc)
+            self.discard()
+            if not is_full(exc):
+                raise
+            raise disk_full(exc, self.path, what=self.what, advice=self.advice) from exc
 
     def close(self) -> None:
-        try:
-            self._fh.close()
+        """Write what is buffered and put the file in place."""
+        with self.guarded():
+            self._handle.close()
             os.replace(self.tmp, self.path)
-        except OSError as exc:
-            self._fail(exc)
         self.closed = True
 
     def discard(self) -> None:
-        if self._fh is not None:
-            with suppress(OSError):  # the buffered tail cannot be written: it is not wanted either
-                self._fh.close()
+        """Remove the temp file; `path` stays as it was."""
+        if self._handle is not None:
+            with suppress(OSError):  # a tail or footer that cannot be written is not wanted either
+                self._handle.close()
         self.tmp.unlink(missing_ok=True)
         self.closed = True
 
-    def _fail(self, exc: OSError):
-        self.discard()
-        if is_full(exc):
-            raise disk_full(exc, self.path, what=self.what) from exc
-        raise exc
-
-    def __enter__(self) -> "AtomicFile":
+    def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        """On an exception the temp file goes; otherwise a file not yet closed is closed as it is."""
         if self.closed:
             return
         if exc_type is None:
             self.close()
         else:
             self.discard()
+
+
+class AtomicFile(WholeFile):
+    """Bytes written whole or not at all (`WholeFile`); `what` names the file in a `DiskFull`."""
+
+    def __init__(self, path: str | Path, what: str = "file"):
+        super().__init__(path)
+        self.what = what
+        with self.guarded():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handle = open(self.tmp, "wb")
+
+    def write(self, data: bytes) -> None:
+        with self.guarded():
+            self._handle.write(data)
 
 
 def file_sha256(path: Path) -> str:

@@ -6,9 +6,7 @@ a step's memory a batch at a time, never whole.
 """
 
 import json
-import os
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from eagle3_datagen.storage.disk import DiskFull, disk_full, is_full
+from eagle3_datagen.storage.disk import WholeFile
 from eagle3_datagen.storage.progress import INTERVAL_S, Progress
 
 IDS = pa.list_(pa.int32())
@@ -161,41 +159,25 @@ def count_rows(path: str | Path) -> int:
     return pq.read_metadata(path).num_rows
 
 
-class TableWriter:
-    """Rows written to Parquet a batch at a time, atomically (a temp file renamed at `close`), with
-    the provenance added at the end, when all of it is known. A writer left by an exception removes
-    its temp file: a killed or failed job never leaves a half table. A write that fails (a full disk:
-    `DiskFull`, naming the table) removes it at once, and no file appears under `path`."""
+class TableWriter(WholeFile):
+    """Rows written to Parquet a batch at a time, whole or not at all (`disk.WholeFile`), with the
+    provenance added at the end, when all of it is known: a killed or failed job never leaves a half
+    table."""
+
+    what = "table"
+    advice = "nothing of it is kept; free space on {mount}, then rerun"
 
     def __init__(self, path: str | Path, schema: pa.Schema, batching: Batching = DEFAULT_BATCHING):
-        self.path = Path(path)
+        super().__init__(path)
         self.schema = schema
         self.batching = batching
-        self.tmp = self.path.with_name(self.path.name + ".tmp")
         self._list_columns = [f.name for f in schema if pa.types.is_list(f.type)]
-        self._writer = None
         self._buffer: list[dict] = []
         self._buffered_tokens = 0
-        self._closed = False
         self.rows = 0
-        with self._guarded():
+        with self.guarded():
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self.tmp, schema, compression="zstd")
-
-    @contextmanager
-    def _guarded(self):
-        """A write that fails discards the table: a full disk is a `DiskFull` naming it."""
-        try:
-            yield
-        except DiskFull:
-            raise  # already discarded, by a write within this one
-        except OSError as exc:
-            self.discard()
-            if not is_full(exc):
-                raise
-            raise disk_full(
-                exc, self.path, what="table", advice="nothing of it is kept; free space on {mount}, then rerun"
-            ) from exc
+            self._handle = pq.ParquetWriter(self.tmp, schema, compression="zstd")
 
     def write(self, rows: Iterable[dict]) -> None:
         for row in rows:
@@ -211,43 +193,22 @@ class TableWriter:
     def write_arrow(self, table: pa.Table) -> None:
         """Rows that are already Arrow (a slice of another table of this schema), as they are."""
         self.flush()
-        with self._guarded():
-            self._writer.write_table(table.replace_schema_metadata(None))
+        with self.guarded():
+            self._handle.write_table(table.replace_schema_metadata(None))
         self.rows += table.num_rows
 
     def flush(self) -> None:
         if self._buffer:
-            with self._guarded():
-                self._writer.write_table(pa.Table.from_pylist(self._buffer, schema=self.schema))
+            with self.guarded():
+                self._handle.write_table(pa.Table.from_pylist(self._buffer, schema=self.schema))
             self._buffer, self._buffered_tokens = [], 0
 
     def close(self, provenance: dict | None = None) -> None:
         self.flush()
-        with self._guarded():
-            if provenance is not None:
-                self._writer.add_key_value_metadata({PROVENANCE_KEY: json.dumps(provenance, sort_keys=True).encode()})
-            self._writer.close()
-            os.replace(self.tmp, self.path)
-        self._closed = True
-
-    def discard(self) -> None:
-        if self._writer is not None:
-            with suppress(OSError):  # a footer that does not fit is not wanted either
-                self._writer.close()
-        self.tmp.unlink(missing_ok=True)
-        self._closed = True
-
-    def __enter__(self) -> "TableWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        """On an exception the temp file goes; otherwise a table not yet closed is closed as it is."""
-        if self._closed:
-            return
-        if exc_type is not None:
-            self.discard()
-        else:
-            self.close()
+        if provenance is not None:
+            with self.guarded():
+                self._handle.add_key_value_metadata({PROVENANCE_KEY: json.dumps(provenance, sort_keys=True).encode()})
+        super().close()
 
 
 def write_table(rows: list[dict], schema: pa.Schema, path: str | Path, provenance: dict | None = None) -> None:
