@@ -61,7 +61,10 @@ def generate_cmd(wd):
     # Run by hand: with --category, every path and param comes from the config, as the rule's would.
     return [
         sys.executable,
-        str(ROOT / "scripts" / "generate.py"),
+        "-m",
+        "eagle3_datagen",
+        "step",
+        "generate",
         "--config",
         "config/config.yaml",
         "--category",

@@ -137,7 +137,7 @@ def test_generate_jobs_run_as_slurm_jobs_with_a_gpu(slurm_run):
 
     # status, from the submitting host, names each shard's SLURM job and the node it ran on.
     said = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "status.py"), "--directory", str(wd.path), "--json"],
+        [sys.executable, "-m", "eagle3_datagen", "status", "--directory", str(wd.path), "--json"],
         capture_output=True,
         text=True,
         check=True,

@@ -24,7 +24,7 @@ def prompts(n):
 
 def status(wd, *args):
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "status.py"), "--directory", str(wd.path), *args],
+        [sys.executable, "-m", "eagle3_datagen", "status", "--directory", str(wd.path), *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -107,7 +107,9 @@ def rules_running_a_step() -> dict[str, str]:
 
     found = {}
     for smk in (ROOT / "rules").glob("*.smk"):
-        for rule, body in re.findall(r"^(?:rule|checkpoint) (\w+):\n((?:[ \t]+.*\n|\n)*)", smk.read_text(), re.MULTILINE):
+        for rule, body in re.findall(
+            r"^(?:rule|checkpoint) (\w+):\n((?:[ \t]+.*\n|\n)*)", smk.read_text(), re.MULTILINE
+        ):
             script = re.search(r'script:\s*\n\s*"([^"]+)"', body)
             if script:
                 found[rule] = script.group(1)

@@ -9,13 +9,12 @@ import yaml
 from snakemake.iocontainers import Namedlist
 
 from eagle3_datagen import runner
+from eagle3_datagen.steps import STEPS, step_function
 from eagle3_datagen.storage.layout import PATHS
 from eagle3_datagen.workflow import PARAMS
 
 ROOT = Path(__file__).resolve().parents[2]
-# Commands that are not a rule's script: each is its step module's `main` (its own options).
-COMMANDS = {"status"}
-SCRIPTS = sorted(p for p in (ROOT / "scripts").glob("*.py") if p.stem not in COMMANDS)
+
 CALLS = []
 
 
@@ -118,44 +117,16 @@ def test_an_option_overrides_the_table(tmp_path):
     assert CALLS[0]["plan"] == Path("elsewhere.json") and CALLS[0]["note"] == "n" and CALLS[0]["shards"] == 1
 
 
-def test_every_script_is_the_runner_on_the_step_of_its_rule():
-    """rule -> script -> step function: one name, and each script is the same three lines."""
-    rules = {p.stem for p in SCRIPTS}
-    for script in SCRIPTS:
-        lines = [line for line in script.read_text().splitlines() if line and not line.startswith('"""')]
-        assert lines[-1] == f'run({script.stem}, globals().get("snakemake"))', script
-        assert any(
-            line.startswith("from eagle3_datagen.") and line.endswith(f"import {script.stem}") for line in lines
-        ), script
-        assert len(lines) == 3, script
-    smk = "".join(p.read_text() for p in (ROOT / "rules").glob("*.smk"))
-    assert rules == {name for name in rules if f"rule {name}:" in smk or f"checkpoint {name}:" in smk}
-
-
-def test_every_command_is_its_step_modules_main():
-    for name in COMMANDS:
-        lines = [line for line in (ROOT / "scripts" / f"{name}.py").read_text().splitlines() if line]
-        assert f"from eagle3_datagen.steps.{name} import main" in lines and lines[-1] == "sys.exit(main())"
-
-
 def test_every_step_parameter_is_in_a_table():
     """A parameter the command line cannot derive would have to be typed by hand every time."""
-    import importlib
-
-    for script in SCRIPTS:
-        module = next(
-            line.split()[1]
-            for line in script.read_text().splitlines()
-            if line.startswith("from eagle3_datagen.") and "runner" not in line
-        )
-        fn = getattr(importlib.import_module(module), script.stem)
-        for p in runner._parameters(fn):
+    for name in STEPS:
+        for p in runner._parameters(step_function(name)):
             assert (
                 p.name in PATHS
                 or p.name in PARAMS
                 or p.name in ("category", "shard", "source")
                 or p.default is not p.empty
-            ), (script.stem, p.name)
+            ), (name, p.name)
 
 
 def test_a_name_the_rule_gives_twice_is_refused(tmp_path):
