@@ -202,11 +202,22 @@ class ModelProfile:
 
 @dataclass(frozen=True)
 class Budget:
-    """How many new tokens a row may ask for (DESIGN §3)."""
+    """How many new tokens a row may ask for (DESIGN §3): the run-wide values, and `modes`, each serving
+    mode's own where it has one ({mode: {max_new_tokens, min_new_tokens}}: `workflow.budget_for`)."""
 
     max_new_tokens: int
     min_new_tokens: int
     reserve_tokens: int
+    modes: dict = field(default_factory=dict)
+
+    def for_mode(self, mode: str) -> "Budget":
+        """The budget of a row of mode `mode`."""
+        own = self.modes.get(mode) or {}
+        return Budget(
+            int(own.get("max_new_tokens", self.max_new_tokens)),
+            int(own.get("min_new_tokens", self.min_new_tokens)),
+            self.reserve_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -223,6 +234,7 @@ class ClientSettings:
     request_timeout_floor_s: float
     request_timeout_per_token_s: float
     progress_interval_s: float
+    resume: bool = True
 
     @classmethod
     def from_config(cls, client: dict | None = None, **overrides: Any) -> "ClientSettings":
@@ -365,13 +377,6 @@ class ModeMix:
 
     def to_json(self) -> str:
         return ALL_MODES if self.every else ",".join(f"{m}:{round(s, 6)}" for m, s in self.shares)
-
-
-def max_new_tokens_for(config: dict, category: dict) -> int:
-    value = category.get("max_new_tokens")
-    if value is not None and value == value:
-        return int(value)
-    return int(config["max_new_tokens"])
 
 
 def canonical_json(obj: Any) -> bytes:

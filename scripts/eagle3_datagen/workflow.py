@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from eagle3_datagen.engine_settings import EngineSettings
-from eagle3_datagen.settings import max_new_tokens_for, sampling_for
+from eagle3_datagen.settings import Budget, sampling_for
 
 
 def load_sheet(path: str | Path):
@@ -41,7 +41,7 @@ def configure(config: dict, basedir: str | Path, configfiles=("config",)):
 def validate_sheet(sheet, schema_path: str | Path, sheet_path: str | Path, config: dict | None = None) -> None:
     """Check every row of the category sheet; an error names the sheet's file, line and field.
     With the (validated) `config`, each row's mode mix must name the model's modes and its sampling
-    must resolve (`settings.sampling_for`)."""
+    and budget must resolve (`settings.sampling_for`, `budget_for`)."""
     import jsonschema
 
     from eagle3_datagen.settings import RENAMED_KEYS, sampling_for
@@ -65,6 +65,7 @@ def validate_sheet(sheet, schema_path: str | Path, sheet_path: str | Path, confi
         if config is not None:
             try:
                 sampling_for(config, record, mode_mix(config, record).names)
+                budget_for(config, record)
             except ValueError as exc:
                 problems.append(f"{sheet_path}:{line}: {exc}")
     duplicated = sheet["category"][sheet["category"].duplicated()].tolist()
@@ -83,12 +84,44 @@ def shard_count(category: dict) -> int:
     return int(category.get("shards", 1))
 
 
-def _budget(config: dict, category: dict) -> dict:
-    return {
-        "max_new_tokens": max_new_tokens_for(config, category),
+# Where a row's budget comes from, first found wins; written once, for the docs and for the error a
+# budget that can fit no answer gets.
+BUDGET_PRECEDENCE = (
+    "max_new_tokens: the category sheet's max_new_tokens cell, then model.modes.<mode>.max_new_tokens, then the "
+    "config's max_new_tokens; min_new_tokens: model.modes.<mode>.min_new_tokens, then the config's min_new_tokens"
+)
+
+
+def budget_for(config: dict, category: dict) -> dict:
+    """A category's budget (`Budget`'s fields), each mode's from the first place that gives it
+    (BUDGET_PRECEDENCE); `modes` only where a mode has values of its own, so that a config without
+    them keeps the budget it had. A mode whose min_new_tokens exceeds its max_new_tokens is refused:
+    every row of it would be skipped."""
+    cell = category.get("max_new_tokens")
+    cell = None if cell is None or cell != cell or cell == "" else int(cell)
+    budget = {
+        "max_new_tokens": cell if cell is not None else int(config["max_new_tokens"]),
         "min_new_tokens": int(config["min_new_tokens"]),
         "reserve_tokens": int(config["reserve_tokens"]),
     }
+    modes = {}
+    for mode, spec in ((config.get("model") or {}).get("modes") or {}).items():
+        own = {key: int(spec[key]) for key in ("max_new_tokens", "min_new_tokens") if (spec or {}).get(key) is not None}
+        if cell is not None:
+            own.pop("max_new_tokens", None)
+        if own:
+            modes[str(mode)] = own
+    if modes:
+        budget["modes"] = modes
+    for mode in [None, *modes]:
+        b = Budget(**budget).for_mode(mode)
+        if b.min_new_tokens > b.max_new_tokens:
+            where = f"mode {mode!r}" if mode else "the run"
+            raise ValueError(
+                f"{where}: min_new_tokens {b.min_new_tokens} is above max_new_tokens {b.max_new_tokens}, so every "
+                f"row would be skipped as over-long. A row's budget comes from {BUDGET_PRECEDENCE}"
+            )
+    return budget
 
 
 def _reading(config: dict, category: dict) -> dict:
@@ -144,7 +177,7 @@ def _samples_per_prompt(config: dict, category: dict) -> int:
 # rule declares exactly the params it reads, Snakemake reruns a job when one of them changes.
 PARAMS = {
     "model": lambda config, category: config["model"],
-    "budget": _budget,
+    "budget": budget_for,
     "samples_per_prompt": _samples_per_prompt,
     "seed": lambda config, category: int(config["seed"]),
     "on_bad_rows": lambda config, category: config["on_bad_rows"],

@@ -1,13 +1,14 @@
 """Every shipped config validates against the schema, and the engine checks accept it; a user's
-config stands alone on the schema's defaults; sampling comes from one written order of places."""
+config stands alone on the schema's defaults; sampling and budgets come from one written order of places."""
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
 from eagle3_datagen import workflow
-from eagle3_datagen.settings import SAMPLING_PRECEDENCE, schema, validate_config
+from eagle3_datagen.settings import SAMPLING_PRECEDENCE, Budget, schema, validate_config
 from eagle3_datagen.workflow import check_engine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,6 +169,11 @@ def test_production_examples_follow_the_model_cards():
     # The card's sampling per mode: thinking at temperature 1.0, instant at 0.6, top_p 0.95 in both.
     assert (modes["thinking"]["sampling"]["temperature"], modes["thinking"]["sampling"]["top_p"]) == (1.0, 0.95)
     assert (modes["instant"]["sampling"]["temperature"], modes["instant"]["sampling"]["top_p"]) == (0.6, 0.95)
+    # Instant answers get a budget of their own, far below the thinking one.
+    assert (
+        modes["instant"]["max_new_tokens"] == 8192 < kimi["max_new_tokens"]
+        and "max_new_tokens" not in modes["thinking"]
+    )
     qwen = yaml.safe_load((ROOT / "config" / "qwen3.yaml").read_text())["model"]["modes"]
     assert qwen["thinking"]["chat_template_kwargs"] == {"enable_thinking": True}
     assert qwen["instant"]["chat_template_kwargs"] == {"enable_thinking": False}
@@ -228,3 +234,64 @@ def test_the_cpu_sglang_overlay_validates_over_the_demo_and_matches_the_suites_s
     assert sglang["extra_args"][-2] == "--max-total-tokens"  # not sized from host memory
     assert {**sglang["env"], "PYTHONPATH": str(ROOT / sglang["env"]["PYTHONPATH"])} == sglang_server.CPU_ENV
     assert sglang["model_path"] == config["model"]["tokenizer"] == "resources/demo_model"
+
+
+# (mode keys, the category's max_new_tokens cell, run-wide max/min) -> each mode's (max_new_tokens, min_new_tokens)
+BUDGETS = [
+    ({}, None, (4096, 16), {"thinking": (4096, 16), "instant": (4096, 16)}),
+    ({"instant": {"max_new_tokens": 2048}}, None, (32768, 16), {"thinking": (32768, 16), "instant": (2048, 16)}),
+    (
+        {"instant": {"max_new_tokens": 2048, "min_new_tokens": 64}},
+        None,
+        (32768, 256),
+        {"thinking": (32768, 256), "instant": (2048, 64)},
+    ),  # fmt: skip
+    ({"thinking": {"min_new_tokens": 1024}}, None, (32768, 16), {"thinking": (32768, 1024), "instant": (32768, 16)}),
+    ({"instant": {"max_new_tokens": 2048}}, 8192, (32768, 16), {"thinking": (8192, 16), "instant": (8192, 16)}),
+]
+
+
+@pytest.mark.parametrize("mode_keys, cell, run_wide, expected", BUDGETS)
+def test_each_mode_has_its_own_budget_from_one_written_order_of_places(mode_keys, cell, run_wide, expected):
+    config = demo()
+    config["max_new_tokens"], config["min_new_tokens"] = run_wide
+    for mode, keys in mode_keys.items():
+        config["model"]["modes"][mode].update(keys)
+    validate_config(config)
+    category = {"category": "math"} if cell is None else {"category": "math", "max_new_tokens": cell}
+    budget = Budget(**workflow.param("budget", config, category))
+    got = {mode: (budget.for_mode(mode).max_new_tokens, budget.for_mode(mode).min_new_tokens) for mode in expected}
+    assert got == expected
+    # A config without budgets per mode keeps the budget it had (its rules' parameters do not change).
+    if not mode_keys:
+        assert workflow.param("budget", config, category) == {
+            "max_new_tokens": run_wide[0] if cell is None else cell,
+            "min_new_tokens": run_wide[1],
+            "reserve_tokens": config["reserve_tokens"],
+        }
+
+
+@pytest.mark.parametrize(
+    "keys, message",
+    [
+        ({"max_new_tokens": 0}, "model.modes.instant.max_new_tokens: 0 is less than the minimum of 1"),
+        ({"max_tokens": 10}, "Additional properties are not allowed ('max_tokens' was unexpected)"),
+    ],
+)
+def test_a_bad_budget_per_mode_is_refused_by_its_key(keys, message):
+    config = demo()
+    config["model"]["modes"]["instant"].update(keys)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        validate_config(config)
+
+
+def test_a_mode_whose_floor_is_above_its_budget_is_refused_before_any_job(tmp_path):
+    config = demo()
+    config["model"]["modes"]["instant"].update(max_new_tokens=512, min_new_tokens=1024)
+    validate_config(config)
+    path, sheet = sheet_of(tmp_path, "category\tprompts\tmode_mix\nmath\tp.jsonl\tall\n")
+    with pytest.raises(ValueError) as refused:
+        workflow.validate_sheet(sheet, ROOT / "schemas" / "categories.schema.yaml", path, config)
+    message = str(refused.value)
+    assert f"{path}:2: mode 'instant': min_new_tokens 1024 is above max_new_tokens 512" in message
+    assert workflow.BUDGET_PRECEDENCE in message

@@ -21,7 +21,7 @@ from eagle3_datagen import workflow
 from eagle3_datagen.generation.planning import make_builder
 from eagle3_datagen.generation.requests import Request, RequestTemplate, parse_rid
 from eagle3_datagen.generation.turns import turn_ends
-from eagle3_datagen.settings import ModelProfile, ModeMix, defaults
+from eagle3_datagen.settings import ClientSettings, ModelProfile, ModeMix, defaults
 from eagle3_datagen.steps.check_parsers import check_parsers
 from eagle3_datagen.steps.check_sequences import check_rows, check_sequences
 from eagle3_datagen.steps.plan_generation import plan_generation
@@ -387,3 +387,32 @@ def test_sampling_is_the_configs_then_the_modes_then_the_sheets(tmp_path):
     assert workflow.param("sampling", config, categories.loc["warm"].to_dict()) == {
         "default": {**config["sampling"], "temperature": 1.2}
     }
+
+
+def test_each_mode_sizes_its_rows_requests_and_plan_with_its_own_budget(tmp_path, kimi):
+    """model.modes.<mode>.max_new_tokens: an instant answer asks for its own budget, not the thinking
+    one, on every turn; the plan's cost preview counts each mode's; a request's timeout follows it."""
+    run = ModeRun(tmp_path, kimi, "all")
+    run.budget = {**run.budget, "modes": {"instant": {"max_new_tokens": 40}}}
+    run.tokenize(CONVERSATIONS, name="budgets")
+    ok = [r for r in read_rows(run.prompts) if r["status"] == "ok"]
+    assert {r["mode"]: r["max_new_tokens"] for r in ok} == {"thinking": 400, "instant": 40}
+    with run.serve() as url:
+        summary = run.plan(url)
+        rows = read_rows(run.generate(url))
+    per_mode = Counter(r["mode"] for r in ok)
+    assert summary["by_mode"] == {
+        mode: {"to_send": per_mode[mode], "max_new_tokens_to_send": per_mode[mode] * budget}
+        for mode, budget in (("thinking", 400), ("instant", 40))
+    }
+    assert summary["max_new_tokens_to_send"] == per_mode["thinking"] * 400 + per_mode["instant"] * 40
+    generated = [r for r in rows if r["status"] == "ok"]
+    assert {r["mode"] for r in generated if r["turn"] > 0} == set(MODES)
+    sent = {rid_label(r): r for r in generated}
+    for e in served(run.record):
+        row = sent[e["rid"].rsplit(".", 2)[0]]
+        budget = e["sampling_params"]["max_new_tokens"]
+        assert budget == row["max_new_tokens"] and budget <= (40 if row["mode"] == "instant" else 400)
+        assert len(row["output_ids"]) <= budget
+    client = ClientSettings.from_config()
+    assert client.request_timeout(40) < client.request_timeout(400)

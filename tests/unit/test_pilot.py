@@ -369,6 +369,11 @@ def test_a_mode_the_pilot_drew_none_of_is_projected_from_the_whole_sample_and_sa
         1.0,
     )
     assert "drew none of the 2 usable conversations of mode instant" in caplog.text
+    # Each mode's row names its budget (model.modes.<mode>.max_new_tokens); a row over modes, where they share one.
+    budget = {"max_new_tokens": 32768, "min_new_tokens": 16, "reserve_tokens": 2}
+    for modes, expected in (({"instant": {"max_new_tokens": 4096}}, [32768, 4096, None]), ({}, [32768] * 3)):
+        rows = category_rows("math", [measure(10), measure(30)], run | {"budget": {**budget, "modes": modes}})
+        assert [r["max_new_tokens"] for r in rows] == expected
     # Rows of a mode the prompts table has no usable rows of are an error, not dropped.
     with pytest.raises(ValueError, match="no usable rows"):
         category_rows(

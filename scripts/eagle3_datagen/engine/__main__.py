@@ -54,6 +54,8 @@ def build_parser(prog: str = "python -m eagle3_datagen.engine") -> argparse.Argu
     g("--hang-rate", type=_rate, default=0.0, help="probability of never answering")
     g("--fail-rids", help="regex: matching rids always get HTTP 500")
     g("--seed", type=int, default=0, help="seed of the fault RNG")
+    g("--cut-rate", type=_rate, default=0.0, help="probability of a stream dropped mid-answer")
+    g("--cut-after", type=_range, default=(1, 1024), metavar="LO:HI", help="streamed ids before the drop")
     g("--fail-startup", action="store_true", help="exit with code 3 during start-up")
     g("--never-healthy", action="store_true", help="/health never answers 200")
     g("--die-after", type=int, help="exit abruptly after serving this many requests")
@@ -107,7 +109,8 @@ def build_app(args: argparse.Namespace):
             answer_spread=args.answer_spread, scheduler=scheduler, **common,
         )  # fmt: skip
     faults = Faults(latency_ms=args.latency_ms, error_rate=args.error_rate, reset_rate=args.reset_rate,
-                    hang_rate=args.hang_rate, fail_rids=args.fail_rids, seed=args.seed)  # fmt: skip
+                    hang_rate=args.hang_rate, fail_rids=args.fail_rids, seed=args.seed, cut_rate=args.cut_rate,
+                    cut_after=tuple(int(x) for x in args.cut_after))  # fmt: skip
     loops = LoopInjection(share=args.loop_share, onset=tuple(int(x) for x in args.loop_onset),
                           period=tuple(int(x) for x in args.loop_period), seed=args.loop_seed)  # fmt: skip
     record = args.record or (args.record_dir / f"{os.getpid()}.jsonl" if args.record_dir else None)

@@ -226,8 +226,13 @@ async def _stream(srv: EngineServer, request, parsed: ParsedGenerate, jobs, futu
     await resp.prepare(request)
     texts = [StreamText(srv.backend.tokenizer, job.params) for job in jobs]
     offsets, done, first = [0] * len(jobs), [False] * len(jobs), [True] * len(jobs)
+    cut = srv.faults.cut()
     try:
         while not all(done):
+            if cut is not None and sum(offsets) >= cut and not all(done):
+                log.info("dropping the stream of %s after %d ids (injected cut)", [j.rid for j in jobs], sum(offsets))
+                request.transport.abort()
+                raise ConnectionResetError("injected cut")
             try:
                 await asyncio.wait_for(wake.wait(), POLL_S)
             except TimeoutError:

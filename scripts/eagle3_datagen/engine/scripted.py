@@ -4,6 +4,7 @@ Imports `protocol`, `capacity`, `jobs` and `script`.
 """
 
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,9 @@ class ScriptedBackend(Backend):
         self.script_options = dict(ramble_rate=ramble_rate, tool_rate=tool_rate, eos_rate=eos_rate,
                                    answer_tokens=answer_tokens, answer_spread=answer_spread)  # fmt: skip
         self.answer_tokens, self.script = answer_tokens, None
+        # Recent answers as (input ids, planned output): a request whose input is one of them and a
+        # prefix of its output gets the rest, as a model continues its own partial answer.
+        self.made: deque = deque(maxlen=64)
 
     def load(self) -> None:
         self.load_facts(self.model_dir, self.tokenizer_dir)
@@ -51,7 +55,8 @@ class ScriptedBackend(Backend):
         params, script = job.params, self.script
         stop_ids = self.stop_ids_for(params)
         banned = min_new_tokens_banned(self.eos_token_ids, params)
-        planned = script.plan(job)
+        rest = self._rest(job.input_ids)
+        planned = script.plan(job) if rest is None else rest
         rng = script.rng(job)
         if job.max_new_tokens <= 0:
             job.finish(finish_length(0))
@@ -62,6 +67,9 @@ class ScriptedBackend(Backend):
         if self.answer_tokens is not None:
             if len(planned) < job.max_new_tokens:  # a ramble runs on in reasoning words
                 planned = planned + script.long_words(rng, job.max_new_tokens - len(planned))
+        if rest is None:
+            self.made.append((list(job.input_ids), planned))
+        if self.answer_tokens is not None:
             if not params.min_new_tokens and not paced:
                 self._generate_whole(job, planned, stop_ids)
                 return
@@ -82,6 +90,15 @@ class ScriptedBackend(Backend):
             job.progressed()
             if paced:
                 time.sleep(self.token_delay_s)
+
+    def _rest(self, input_ids: list[int]) -> list[int] | None:
+        """The rest of a recent answer whose prompt and partial output `input_ids` are, or None."""
+        for prompt, planned in reversed(self.made):
+            n = len(input_ids) - len(prompt)
+            if 0 < n < len(planned) and input_ids[len(prompt) - 1] == prompt[-1] and input_ids[-1] == planned[n - 1]:
+                if input_ids[: len(prompt)] == prompt and input_ids[len(prompt) :] == planned[:n]:
+                    return planned[n:]
+        return None
 
     def _generate_whole(self, job: Job, planned: list[int], stop_ids: frozenset) -> None:
         """The token-wise rules on a whole answer at once: the first stop id ends it, else the budget."""

@@ -37,7 +37,8 @@ class Faults:
     """Injected misbehaviour of `/generate`, drawn per HTTP request from `random.Random(seed)`:
     `latency_ms` (lo, hi) added before it runs; `error_rate` HTTP 500 or 503 (even odds);
     `reset_rate` a closed connection; `hang_rate` no answer until the client goes away; `fail_rids`
-    a regex, a body with a rid it matches always gets HTTP 500."""
+    a regex, a body with a rid it matches always gets HTTP 500; `cut_rate` a streamed answer whose
+    connection is dropped once it has sent `cut_after` (lo, hi) ids or more (a chunk boundary)."""
 
     latency_ms: tuple[float, float] | None = None
     error_rate: float = 0.0
@@ -45,6 +46,8 @@ class Faults:
     hang_rate: float = 0.0
     fail_rids: str | None = None
     seed: int = 0
+    cut_rate: float = 0.0
+    cut_after: tuple[int, int] = (1, 1024)
 
     def __post_init__(self):
         if not 0.0 <= self.error_rate + self.reset_rate + self.hang_rate <= 1.0:
@@ -66,6 +69,13 @@ class Faults:
             kind, status = "error", self._rng.choice((500, 503))
         delay = self._rng.uniform(*self.latency_ms) / 1000.0 if self.latency_ms else 0.0
         return kind, status, delay
+
+    def cut(self) -> int | None:
+        """The streamed ids after which a stream's connection is dropped, or None (drawn only with a
+        `cut_rate`, so that the other faults' draws stay as they were)."""
+        if self.cut_rate and self._rng.random() < self.cut_rate:
+            return self._rng.randint(int(self.cut_after[0]), int(self.cut_after[1]))
+        return None
 
 
 def read_record(path: Path) -> list[dict]:

@@ -105,6 +105,7 @@ def assemble(
                 "num_retractions": r.get("num_retractions", 0),
                 "queue_time": r.get("queue_time", 0.0),
                 "attempts": r.get("attempts", 0),
+                "resumed_at": r.get("resumed_at", []),
                 "status": r["status"],
                 "error": r.get("error", ""),
             }

@@ -2,14 +2,13 @@
 
 Why one prompt per request: SGLang fails a whole batch on one bad prompt, and continuous batching on
 the server side gains nothing from client-side batches. A bounded number of requests stays in flight
-(enough to keep the server's batch full); transient failures (HTTP 5xx, 429, connection resets,
-timeouts, aborted or malformed answers) are retried with jittered exponential backoff; HTTP 400 is
-final. Every row ends as `ok` (exact `output_ids` as returned) or `failed` (with the last error).
-
-One aiohttp session per run: keep-alive connections per server, orjson bodies and answers, no timer
-per request (`Deadlines` keeps the timeouts). With an `identity.AnswerCheck`, a server's first answers
-are checked against the job's tokenizer and held until it is confirmed, before any is journalled. With
-a `streaming.LiveStop`, a loop is stopped as it streams. Imports this layer (not `progress`), `storage.disk`.
+(enough to keep the server's batch full); transient failures (HTTP 5xx, 429, connection resets, timeouts,
+aborted or malformed answers) are retried with jittered exponential backoff, a streamed answer cut short
+from the ids received; HTTP 400 is final. Every row ends as `ok` (exact `output_ids` as returned) or
+`failed` (with the last error). One aiohttp session per run: keep-alive connections per server, orjson
+bodies and answers, no timer per request (`Deadlines` keeps the timeouts). With an `identity.AnswerCheck`,
+a server's first answers are checked against the job's tokenizer and held until it is confirmed, before any
+is journalled. A `streaming.LiveStop` stops loops as they stream. Imports this layer, `storage.disk`.
 """
 
 import asyncio
@@ -124,18 +123,17 @@ class GenerateClient:
             await self._session.close()
             self._session = None
 
-    async def _post(self, req: Request, attempt: int, url: URL | None = None) -> tuple[int, bytes | StreamedAnswer]:
-        """POST one attempt of `req` to `url` (None: the next server); (status, answer bytes, or the
-        streamed answer read to its end). A connection error or the deadline passing is a RetryableError."""
+    async def _post(self, req: Request, attempt: int, url: URL | None = None, answer=None) -> tuple:
+        """POST one attempt of `req` to `url` (None: the next server); (status, answer bytes, or the streamed
+        `answer` read to its end). A connection error or the deadline passing is a RetryableError."""
         timeout_s = self.settings.request_timeout(req.max_new_tokens)
         task = asyncio.current_task()
         self._deadlines.watch(task, timeout_s)
         self.in_flight += 1
         try:
             rid, url = req.rid(self.run_nonce, attempt), url or self._url()[1]
-            if self.live is not None:
+            if answer is not None:
                 body = (req.template or self.template).body(req, rid, self.live.stream_interval)
-                answer = StreamedAnswer(req, self.template.vocab_size, self.live)
                 return await post_streamed(self.session, url, body, answer, rid)
             async with self.session.post(url, data=(req.template or self.template).body(req, rid)) as resp:
                 return resp.status, await resp.read()
@@ -158,8 +156,9 @@ class GenerateClient:
         answered, before parsing and journalling, so the next request is already on its way: the
         server never waits on this client's bookkeeping. A retry waits out its backoff without a slot.
         An ok answer the `answer_check` wants is checked, and returned once its server is confirmed.
-        """
+        A streamed answer cut short goes on from the ids received (`StreamedAnswer.retry`)."""
         held = slots is not None
+        answer, sent = StreamedAnswer.of(req, req.template or self.template, self.live), req
 
         def release() -> None:
             nonlocal held
@@ -176,7 +175,7 @@ class GenerateClient:
                 try:
                     base, url = self._url()
                     try:
-                        status, raw = await self._post(req, attempt, url)
+                        status, raw = await self._post(sent, attempt, url, answer)
                     finally:
                         release()
                     if slots is not None:
@@ -186,15 +185,16 @@ class GenerateClient:
                         await asyncio.sleep(0)
                         await asyncio.sleep(0)
                     result, raw, interval = answer_fields(status, raw, req, self.template.vocab_size)
-                    if self.answer_check is not None:
+                    if self.answer_check is not None:  # what the server answered to what it was sent
+                        own = result["output_ids"][len(sent.prompt_ids) - len(req.prompt_ids) :]
                         rid = req.rid(self.run_nonce, attempt)
-                        check = (base, rid, raw, result["output_ids"], req.prompt_ids, self._pool, interval)
-                        await self.answer_check.vet(*check)
+                        await self.answer_check.vet(base, rid, raw, own, sent.prompt_ids, self._pool, interval)
                     return {**result, "status": "ok", "error": "", "attempts": attempt}
                 except FinalError as exc:
                     return {"status": "failed", "error": str(exc), "attempts": attempt}
                 except RetryableError as exc:
                     last_error = str(exc)
+                    sent = answer.retry(self.settings.resume) if answer is not None else req
                     if self.alive is not None and not self.alive():
                         raise ServerDied(f"the server died during the run (last error: {exc})") from None
                     if attempt > self.settings.max_retries:

@@ -7,7 +7,7 @@ the CPU, and by the generate and pilot steps that send what it finds.
 import hashlib
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle3_datagen.engine_settings import EngineSettings
@@ -38,6 +38,8 @@ class Plan:
     later_turns: int = 0
     # Turns that a conversation's journalled answers already ended (a cut answer, a tool mismatch).
     ended_turns: int = 0
+    # Per serving mode: [turns to send, their max_new_tokens] (each mode has its own budget).
+    by_mode: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         """The cost preview: what a run would send, and what it already has (counted in turns)."""
@@ -50,6 +52,7 @@ class Plan:
             "max_new_tokens_to_send": self.max_new_tokens_to_send,
             "later_turns": self.later_turns,
             "ended_turns": self.ended_turns,
+            "by_mode": {mode: {"to_send": n, "max_new_tokens_to_send": t} for mode, (n, t) in self.by_mode.items()},
         }
 
 
@@ -174,6 +177,8 @@ def make_plan(rows: Iterable[dict], builder: TurnBuilder, journal: Journal | Non
             result.to_send += 1
             result.prompt_tokens_to_send += len(step.request.prompt_ids)
             result.max_new_tokens_to_send += step.request.max_new_tokens
+            mode = result.by_mode.setdefault(step.request.mode, [0, 0])
+            mode[0], mode[1] = mode[0] + 1, mode[1] + step.request.max_new_tokens
             result.later_turns += conversation.turns - step.request.turn - 1
         if conversation.end_reason is not None:
             result.ended_turns += conversation.turns - conversation.turn - 1

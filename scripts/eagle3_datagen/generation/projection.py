@@ -15,7 +15,7 @@ import logging
 import math
 
 from eagle3_datagen.quality.flags import CODES
-from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, mode_totals
+from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, Budget, mode_totals
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ FLAG_COUNTS = ("generated", *(f"flag_{code}" for code in CODES))
 # The decimals of the projection's floats: hours and gigabytes (the rest are whole numbers).
 DIGITS = {"server": 4, "gpu": 3, "dataset": 4, "disk": 4}
 # Values that a row over several rows keeps only where they all share it.
-SHARED = ("output_tok_per_s", "concurrency", "gpus_per_server")
+SHARED = ("max_new_tokens", "output_tok_per_s", "concurrency", "gpus_per_server")
 
 
 def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -126,6 +126,8 @@ def projection_row(
         "output_tokens": round(tokens),
         "output_tokens_ci95": round(tokens_ci),
         "truncated_share": round(totals["truncated"][0] / requests, 4) if requests else 0.0,
+        # The mode's budget, as the pilot run record has it (a record from before budgets per mode: none).
+        "max_new_tokens": Budget(**run["budget"]).for_mode(mode).max_new_tokens if run.get("budget") else None,
         "output_tok_per_s": round(rate, 1) if rate else None,
         "concurrency": client.get("concurrency"),
         "server_hours": round(server_h, 4) if server_h is not None else None,

@@ -5,6 +5,7 @@ Planning, turns and the client all import this module; it imports only `settings
 code, so a plan is made without the HTTP client loaded.
 """
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -39,6 +40,14 @@ class Request:
             f"{self.id}.{self.sample_index}"
             + (f".t{self.turn}" if self.turn else "")
             + (f"@{self.mode}" if self.mode != DEFAULT_MODE else "")
+        )
+
+    def continued(self, received: list[int]) -> "Request":
+        """The same row's request going on after the `received` ids of its answer: they end its
+        prompt, and the budget is what is left. Its identity (key, fingerprint, seed) is the row's:
+        the journal keeps the one answer under it."""
+        return dataclasses.replace(
+            self, prompt_ids=self.prompt_ids + received, max_new_tokens=self.max_new_tokens - len(received)
         )
 
     def rid(self, nonce: str, attempt: int) -> str:

@@ -88,9 +88,11 @@ def _events(buf: bytearray, start: int):
 class StreamedAnswer:
     """One streamed answer being read: its ids and text so far, the loop watch, and how it ended."""
 
-    def __init__(self, req: Request, vocab_size: int, live: LiveStop | None):
+    def __init__(self, req: Request, vocab_size: int, live: LiveStop | None, stop_ids=()):
         self.req = req
         self.vocab_size = vocab_size
+        self.stop_ids = frozenset(stop_ids)
+        self.live = live
         self.ids: list[int] = []
         self.pieces: list[str] = []
         self.watch = LiveLoopWatch(live.loop) if live is not None else None
@@ -98,6 +100,43 @@ class StreamedAnswer:
         self.loop: Loop | None = None  # the loop found, once the abort is sent
         self.last: dict | None = None  # the chunk with a finish_reason
         self.done = False
+        # Where each continuation began (`resume`): the ids before it came from earlier attempts.
+        self.resumed_at: list[int] = []
+        self._piece_start = 0
+
+    @classmethod
+    def of(cls, req: Request, template, live: LiveStop | None) -> "StreamedAnswer | None":
+        """A new streamed answer to `req` (sent with `template`), or None where answers are not streamed."""
+        return None if live is None else cls(req, template.vocab_size, live, template.stop_token_ids)
+
+    def retry(self, resume: bool) -> Request:
+        """The request of the next attempt once this one was cut short (a timeout, a dropped
+        connection, an error): with `resume` (config client.resume), where it can, the continuation
+        (`resume`); else the row's own request, read into this answer started anew."""
+        if resume and self.resumable():
+            return self.resume()
+        self.__init__(self.req, self.vocab_size, self.live, self.stop_ids)
+        return self.req
+
+    @property
+    def start(self) -> int:
+        """The ids received before this attempt (0 unless resumed)."""
+        return self.resumed_at[-1] if self.resumed_at else 0
+
+    def resumable(self) -> bool:
+        """Whether a cut answer can go on from the ids received: some came, and they end neither the
+        answer (a stop id, the whole budget: only the last chunk, which did not come, can) nor a
+        loop the client stopped (an abort cut short: the answer is made anew, and stopped again)."""
+        ids = self.ids
+        return bool(ids) and self.loop is None and ids[-1] not in self.stop_ids and len(ids) < self.req.max_new_tokens
+
+    def resume(self) -> Request:
+        """The request that continues this cut answer: the prompt and the ids received, for the
+        budget left; the next attempt's chunks are read on after them, by the same loop watch."""
+        if len(self.ids) > self.start:
+            self.resumed_at.append(len(self.ids))
+        self.last, self.done, self._piece_start = None, False, len(self.pieces)
+        return self.req.continued(self.ids)
 
     @property
     def text(self) -> str:
@@ -139,42 +178,55 @@ class StreamedAnswer:
         status = finish.get("status_code")
         if status is not None or self.loop is None:
             raise _abort_error(finish)
-        total = meta.get("completion_tokens")
-        extra = total - len(self.ids) if isinstance(total, int) else -1
+        total = meta.get("completion_tokens")  # this attempt's: a continuation counts from its start
+        came = len(self.ids) - self.start
+        extra = total - came if isinstance(total, int) else -1
         if not 0 <= extra <= len(delta):
             raise RetryableError(
                 f"malformed stream: the abort's last chunk says {total} tokens were generated, but "
-                f"{len(self.ids)} came before it and it holds {len(delta)}"
+                f"{came} came before it and it holds {len(delta)}"
             )
         if extra:
             self.ids += delta[:extra]
             text = out.get("text")
             if isinstance(text, str):  # the whole text when the chunk repeats the last id, else new text
-                self.pieces = [text] if extra < len(delta) and text.startswith(self.text) else [*self.pieces, text]
+                own = "".join(self.pieces[self._piece_start :])  # the whole text is this attempt's
+                whole = extra < len(delta) and text.startswith(own)
+                self.pieces = [*self.pieces[: self._piece_start], text] if whole else [*self.pieces, text]
         return None
 
     def result(self) -> dict:
-        """The answer's result fields (`parse_response`'s), once the stream has ended."""
+        """The answer's result fields (`parse_response`'s), once the stream has ended: every id
+        received, over all its attempts (a resumed answer's `resumed_at` says where each
+        continuation began)."""
         if self.last is None:
             raise RetryableError(f"stream cut short after {len(self.ids)} tokens, before its last chunk")
         meta = self.last["meta_info"]
         if meta["finish_reason"].get("type") != "abort":
-            return parse_response({"output_ids": self.ids, "meta_info": meta}, self.req, self.vocab_size)
-        check_length(self.ids, self.req)
-        return {
-            "output_ids": self.ids,
-            "finish_type": LOOP_FINISH,
-            "finish_matched": "",
-            "completion_tokens": len(self.ids),
-            "cached_tokens": int(meta.get("cached_tokens", 0) or 0),
-            "e2e_latency": float(meta.get("e2e_latency", 0.0) or 0.0),
-            "num_retractions": int(meta.get("num_retractions", 0) or 0),
-            "queue_time": float(meta.get("queue_time", 0.0) or 0.0),
-        }
+            result = parse_response({"output_ids": self.ids, "meta_info": meta}, self.req, self.vocab_size)
+        else:
+            check_length(self.ids, self.req)
+            result = {
+                "output_ids": self.ids,
+                "finish_type": LOOP_FINISH,
+                "finish_matched": "",
+                "completion_tokens": len(self.ids),
+                "cached_tokens": int(meta.get("cached_tokens", 0) or 0),
+                "e2e_latency": float(meta.get("e2e_latency", 0.0) or 0.0),
+                "num_retractions": int(meta.get("num_retractions", 0) or 0),
+                "queue_time": float(meta.get("queue_time", 0.0) or 0.0),
+            }
+        if self.resumed_at:
+            # The server counted the last attempt only, and its prompt held the ids received before.
+            result["completion_tokens"] = len(self.ids)
+            result["cached_tokens"] = min(result["cached_tokens"], len(self.req.prompt_ids))
+            result["resumed_at"] = list(self.resumed_at)
+        return result
 
     def text_answer(self) -> bytes:
-        """The answer's text as a non-streamed answer holds it (`identity.answer_text` reads it)."""
-        return orjson.dumps({"text": self.text})
+        """The last attempt's text as a non-streamed answer holds it (`identity.answer_text` reads
+        it): the server's answer to the prompt it was sent."""
+        return orjson.dumps({"text": "".join(self.pieces[self._piece_start :])})
 
 
 def answer_fields(

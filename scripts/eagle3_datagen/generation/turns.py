@@ -273,7 +273,9 @@ class Conversation:
             self._end(f"turn {k + 1}: the chat template cannot render its history: {tokenized.error}")
             return None
         max_new, why = output_budget(
-            len(tokenized.prompt_ids), context_length=self.builder.profile.context_length, budget=self.builder.budget
+            len(tokenized.prompt_ids),
+            context_length=self.builder.profile.context_length,
+            budget=self.builder.budget.for_mode(self.mode),
         )
         if why is not None:
             self._end(f"turn {k + 1} does not fit the context: {why}; {later} turn(s) not generated")

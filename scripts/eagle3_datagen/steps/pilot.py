@@ -147,6 +147,7 @@ def pilot_generate(
         "sampled_by_mode": {mode: sampled[mode] for mode in by_mode if sampled[mode]},
         "pilot": pilot,
         "plan": provenance["plan"],
+        "budget": budget,
         "client": provenance.get("client"),
         "engine_kind": server.kind,
         "server_gpus": server.gpus,

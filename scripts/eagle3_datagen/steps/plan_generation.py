@@ -57,7 +57,8 @@ def preview_generation(*, plan: list[Path], preview: Path) -> None:
     """Collect every shard's plan into one table: the cost preview, before any GPU time is spent."""
     import pandas as pd
 
-    frame = pd.DataFrame([json.loads(p.read_text()) for p in plan])
+    # A shard's per-mode counts become columns (by_mode.<mode>.max_new_tokens_to_send, ...).
+    frame = pd.json_normalize([json.loads(p.read_text()) for p in plan])
     preview.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(preview, sep="\t", index=False)
     log.info("generation preview:\n%s", frame.to_string(index=False))

@@ -282,7 +282,8 @@ def build_prompt_rows(
             if reason is None and tokens.error is not None:
                 reason = f"{row.source}: field 'messages': the chat template cannot render or encode it: {tokens.error}"
             elif reason is None:
-                max_new, reason = output_budget(len(prompt_ids), context_length=profile.context_length, budget=budget)
+                n, own = len(prompt_ids), budget.for_mode(mode)
+                max_new, reason = output_budget(n, context_length=profile.context_length, budget=own)
                 if reason is not None:
                     reason = f"{row.source}: {reason}"
             for sample_index in range(samples_per_prompt):

@@ -68,6 +68,8 @@ GENERATIONS_SCHEMA = pa.schema(
         ("seed", pa.int64()),
         ("max_new_tokens", pa.int32()),
         ("attempts", pa.int32()),
+        # Where each continuation of a streamed answer cut short began (empty: sent once, whole).
+        ("resumed_at", IDS),
         ("status", pa.string()),
         ("error", pa.string()),
     ]
