@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_sglang]
 
 BUDGET = 160
 ROWS = 8
+JSON = {"Content-Type": "application/json"}  # SGLang reads a body only as JSON
 
 
 def get_json(url: str) -> dict:
@@ -51,7 +52,10 @@ async def through_cutting_proxy(upstream: str, cut_at: dict, run) -> dict:
         body = await request.read()
         sent = parse_rid(orjson.loads(body)["rid"])
         limit = cut_at.get(sent.row[0]) if sent.attempt == 1 else None
-        async with aiohttp.ClientSession() as session, session.post(f"{upstream}/generate", data=body) as up:
+        async with (
+            aiohttp.ClientSession(headers=JSON) as session,
+            session.post(f"{upstream}/generate", data=body) as up,
+        ):
             resp = web.StreamResponse(status=up.status, headers={"Content-Type": up.headers["Content-Type"]})
             await resp.prepare(request)
             passed, buf = 0, b""
@@ -70,7 +74,7 @@ async def through_cutting_proxy(upstream: str, cut_at: dict, run) -> dict:
             return resp
 
     async def abort(request: web.Request) -> web.Response:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(headers=JSON) as session:
             async with session.post(f"{upstream}/abort_request", data=await request.read()) as up:
                 return web.Response(status=up.status, body=await up.read())
 

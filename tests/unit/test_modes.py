@@ -25,6 +25,7 @@ from eagle3_datagen.settings import ClientSettings, ModelProfile, ModeMix, defau
 from eagle3_datagen.steps.check_parsers import check_parsers
 from eagle3_datagen.steps.check_sequences import check_rows, check_sequences
 from eagle3_datagen.steps.plan_generation import plan_generation
+from eagle3_datagen.steps.summarize import category_summary
 from eagle3_datagen.storage.tables import read_provenance, read_rows
 from eagle3_datagen.tokens.chat_layer import ChatLayer
 from eagle3_datagen.tokens.vocabulary import load_tokenizer
@@ -416,3 +417,7 @@ def test_each_mode_sizes_its_rows_requests_and_plan_with_its_own_budget(tmp_path
         assert len(row["output_ids"]) <= budget
     client = ClientSettings.from_config()
     assert client.request_timeout(40) < client.request_timeout(400)
+    # The report's summary names each mode's budget.
+    (tmp_path / "rejected.jsonl").write_text("")
+    summary, _ = category_summary("cat", run.tmp_path / "gen.parquet", tmp_path / "rejected.jsonl")
+    assert {r["mode"]: r["max_new_tokens"] for r in summary} == {"thinking": 400, "instant": 40, "all": 400}

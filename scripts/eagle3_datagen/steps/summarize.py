@@ -31,14 +31,25 @@ NORMALIZATION = ("speakers_mapped", "leading_assistant_dropped", "same_speaker_m
 
 
 # The generations columns the summary reads; token ids only as list lengths, never as Python lists.
-SCAN_COLUMNS = ["id", "sample_index", "turn", "mode", "status", "finish_type", "error", "prompt_ids", "output_ids"]
+SCAN_COLUMNS = [
+    "id",
+    "sample_index",
+    "turn",
+    "mode",
+    "status",
+    "finish_type",
+    "error",
+    "max_new_tokens",
+    "prompt_ids",
+    "output_ids",
+]
 
 
 def scan_generations(path: str | Path, batching: Batching = DEFAULT_BATCHING) -> Iterator[dict]:
     """A generations table a batch at a time, as columns: keys, status and finish type as lists, the
     prompt and output lengths as numpy arrays (read from the list offsets, no ids are converted)."""
     for batch in iter_record_batches(path, batching, columns=SCAN_COLUMNS):
-        columns = batch.select(["id", "sample_index", "turn", "mode", "status", "finish_type", "error"]).to_pydict()
+        columns = batch.select(SCAN_COLUMNS[:-2]).to_pydict()
         columns["n_prompt"] = pc.list_value_length(batch["prompt_ids"]).to_numpy(zero_copy_only=False)
         columns["n_output"] = pc.list_value_length(batch["output_ids"]).to_numpy(zero_copy_only=False)
         yield columns
@@ -99,6 +110,7 @@ class _ModeTally:
         self.quality = _quality_counts()
         self.rows = self.n_ok = self.truncated = self.ok_output = self.prompt_tokens = self.output_tokens = 0
         self.turns_merged = 0
+        self.budget = 0  # the largest max_new_tokens an answer was given (its mode's, where the context allows)
         self.not_merged: Counter = Counter()
 
     def add(self, other: "_ModeTally") -> "_ModeTally":
@@ -109,6 +121,7 @@ class _ModeTally:
         for key in ("rows", "n_ok", "truncated", "ok_output", "prompt_tokens", "output_tokens", "turns_merged"):
             setattr(self, key, getattr(self, key) + getattr(other, key))
         self.not_merged.update(other.not_merged)
+        self.budget = max(self.budget, other.budget)
         return self
 
     def row(self, category: str, mode: str, normalization: dict | None) -> dict:
@@ -124,6 +137,7 @@ class _ModeTally:
             "output_tokens": self.output_tokens,
             "mean_output_tokens": round(self.ok_output / n_ok, 1) if n_ok else 0.0,
             "truncated_share": round(self.truncated / n_ok, 4) if n_ok else 0.0,
+            "max_new_tokens": self.budget,
             **self.quality,
             "turns_merged": self.turns_merged,
             "turns_not_merged": int(sum(self.not_merged.values())),
@@ -173,6 +187,7 @@ def category_summary(
             tally.n_ok += 1
             tally.ok_output += n_output
             tally.truncated += batch["finish_type"][i] == "length"
+            tally.budget = max(tally.budget, int(batch["max_new_tokens"][i]))
             pair = lengths.setdefault(mode, ([], []))
             pair[0].append(n_prompt)
             pair[1].append(n_output)
@@ -239,6 +254,7 @@ def _total(frame: pd.DataFrame, mode: str, normalization: bool) -> dict:
     n = int(generated.sum())
     total["mean_output_tokens"] = round(float((frame["mean_output_tokens"] * generated).sum()) / n, 1) if n else 0.0
     total["truncated_share"] = round(float((frame["truncated_share"] * generated).sum()) / n, 4) if n else 0.0
+    total["max_new_tokens"] = int(frame["max_new_tokens"].max()) if "max_new_tokens" in frame and len(frame) else 0
     total["why_not_merged"] = ""
     for kind in NORMALIZATION:
         total[kind] = int(frame[kind].sum()) if normalization else None
