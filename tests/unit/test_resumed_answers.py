@@ -37,8 +37,8 @@ def requests(n: int) -> list[Request]:
     ]
 
 
-def generate(record: Path, reqs: list[Request], faults: Faults | None = None, **settings) -> dict:
-    backend = ScriptedBackend(TOKENIZER_DIR, token_delay_s=0.0001, answer_tokens=(500, 1100), tool_rate=0.0)
+def generate(record: Path, reqs: list[Request], faults: Faults | None = None, delay_s=0.0001, **settings) -> dict:
+    backend = ScriptedBackend(TOKENIZER_DIR, token_delay_s=delay_s, answer_tokens=(500, 1100), tool_rate=0.0)
     template = RequestTemplate({"temperature": 1.0}, [IM_END], 151_669)
     with running_engine(backend, faults=faults, record=record, incremental_streaming_output=True) as url:
 
@@ -74,6 +74,20 @@ def test_a_cut_stream_is_resumed_from_the_ids_received_and_the_row_is_the_uncut_
             match = [s for s in sent if s["input_ids"] == prompt]
             assert match and all(s["sampling_params"]["max_new_tokens"] == BUDGET - p for s in match), (row_id, p)
     assert sum(cut[key]["attempts"] - 1 for key in resumed) >= sum(len(p) for p in resumed.values())
+
+
+def test_an_answer_slower_than_its_timeout_is_finished_by_resuming_it(tmp_path):
+    """Sent again from its start, an answer that takes longer than its request timeout never ends;
+    resumed, each attempt adds what it generated before its timeout."""
+    reqs = requests(1)  # one at a time: the engine's scripted backend generates its jobs in turn
+    whole = generate(tmp_path / "whole.jsonl", reqs)
+    slow = dict(delay_s=0.002, request_timeout_floor_s=0.5, request_timeout_per_token_s=0.0, max_retries=40)
+    timed_out = generate(tmp_path / "slow.jsonl", reqs, **slow)
+    for key, row in timed_out.items():
+        assert row["status"] == "ok" and row["output_ids"] == whole[key]["output_ids"], key
+        assert len(row["resumed_at"]) >= 1 and row["resumed_at"] == sorted(row["resumed_at"])
+    stuck = generate(tmp_path / "stuck.jsonl", reqs, **{**slow, "max_retries": 3}, resume=False)
+    assert stuck[reqs[0].key]["status"] == "failed" and "timed out" in stuck[reqs[0].key]["error"]
 
 
 def test_without_resume_a_cut_stream_is_generated_again_from_its_start(tmp_path):
