@@ -74,9 +74,10 @@ def run_against(
     context_length=4096,
     journal=None,
     clients=None,
+    limit_s=None,
 ):
     """The client's results for `requests` against an engine app of `backend`; `clients`, a list,
-    gets the client."""
+    gets the client; `limit_s`: a run that takes longer fails (TimeoutError) instead of hanging."""
 
     async def main():
         app = create_app(
@@ -103,7 +104,7 @@ def run_against(
                         if resp.status == 200:
                             break
                     await asyncio.sleep(0.05)
-            return await client.run(requests, journal)
+            return await asyncio.wait_for(client.run(requests, journal), limit_s)
 
     return asyncio.run(main())
 
@@ -142,6 +143,20 @@ def test_transient_faults_are_retried_until_every_row_is_ok(backend, tokenizer, 
     assert sum(r["attempts"] for r in results.values()) > len(reqs)  # some were retried
     rids = [r["rid"] for r in read_record(tmp_path / "rec.jsonl")]
     assert len(rids) == len(set(rids))  # a fresh rid per attempt
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_a_retry_gets_a_slot_when_every_request_is_out(backend, tokenizer, concurrency):
+    """Once the last request has gone out, the dispatcher waits for follow-ups without holding a
+    slot: a retry of a request in flight (here every failed attempt) takes one, even at
+    concurrency 1 (which auto concurrency may also come down to)."""
+    reqs = requests_for(tokenizer, 3)
+    settings = ClientSettings.from_config(concurrency=concurrency, max_retries=10, **FAST)
+    results = run_against(
+        backend, tokenizer, reqs, faults=Faults(error_rate=0.4, seed=3), settings=settings, limit_s=120
+    )
+    assert all(r["status"] == "ok" for r in results.values())
+    assert sum(r["attempts"] for r in results.values()) > len(reqs)  # some were retried
 
 
 def test_hangs_time_out_and_are_retried(backend, tokenizer):
@@ -389,8 +404,8 @@ def test_the_load_is_read_from_get_load_where_v1_loads_is_missing_and_not_at_all
         async with TestServer(app, host="127.0.0.1") as server:
             url = str(server.make_url("")).rstrip("/")
             client = GenerateClient([url], RequestTemplate({}, [1], 10), ClientSettings.from_config())
-            first = await client.read_load()
-            second = await client.read_load()
+            first = await client.loads.read(client.session)
+            second = await client.loads.read(client.session)
             await client.close()
             return first, second, client.loads.paths[url]
 

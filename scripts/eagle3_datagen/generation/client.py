@@ -227,10 +227,6 @@ class GenerateClient:
             "timeline": self.timeline.as_columns(),
         }
 
-    async def read_load(self) -> Load | None:
-        """The servers' load, summed over them (see `LoadReader`)."""
-        return await self.loads.read(self.session)
-
     async def _follow_load(self, control: Concurrency, slots: Slots) -> None:
         """Every `load_poll_s`: read the servers' load, move the limit (auto), note the timeline.
 
@@ -241,7 +237,7 @@ class GenerateClient:
         while True:
             load = None
             if self.loads.may_answer():
-                load = await self.read_load()
+                load = await self.loads.read(self.session)
             if load is None and control.auto and not warned:
                 warned = True
                 log.warning(
@@ -285,8 +281,8 @@ class GenerateClient:
                 run.ready.append(following)
 
     async def _next_request(self, run: _Run, source) -> tuple[Request | None, object]:
-        """A follow-up if one is ready, else the next new request; waits for follow-ups that
-        requests in flight may still make. (None, ...) when no work is left."""
+        """A follow-up if one is ready, else the next new request, else (None, ...): no work is left. Waits
+        for follow-ups that requests in flight may still make without the caller's slot (a retry needs one)."""
         while not run.errors:
             if run.ready:
                 return run.ready.popleft(), source
@@ -297,7 +293,9 @@ class GenerateClient:
                 source = None
             if not run.tasks:
                 break
+            run.slots.release()
             await self._wait_for_change(run)
+            await run.slots.acquire()
         return None, source
 
     async def _wait_for_change(self, run: _Run) -> None:
