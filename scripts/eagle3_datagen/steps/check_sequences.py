@@ -72,10 +72,10 @@ class SequenceReport:
 
     def message(self, limit: int = 20) -> str:
         lines = [f"{self.n_violations} sequence violations in {self.checked} rows:"]
-        for v in self.violations[:limit]:
-            lines.append(
-                f"  {v['id']}.{v['sample_index']} turn {v['turn']} ({v['mode']}): {v['rule']} ({RULES[v['rule']]}): {v['detail']}"
-            )
+        lines += [
+            f"  {v['id']}.{v['sample_index']} turn {v['turn']} ({v['mode']}): {v['rule']} ({RULES[v['rule']]}): {v['detail']}"
+            for v in self.violations[:limit]
+        ]
         if self.n_violations > limit:
             lines.append(f"  ... and {self.n_violations - limit} more (see the report file)")
         return "\n".join(lines)

@@ -11,6 +11,7 @@ on the report's landing page; `headline_values` is the same content as data.
 import html
 import logging
 import math
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -93,11 +94,10 @@ def verdict_counts(checks: dict, mode: str | None) -> dict[str, int] | None:
 def add_counts(parts: list[dict[str, int] | None]) -> dict[str, int] | None:
     if not parts or any(p is None for p in parts):
         return None
-    out: dict[str, int] = {}
+    out: Counter = Counter()
     for part in parts:
-        for key, n in part.items():
-            out[key] = out.get(key, 0) + n
-    return out
+        out.update(part)
+    return dict(out)
 
 
 def _row_values(row: dict) -> dict:

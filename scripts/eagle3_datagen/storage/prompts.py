@@ -100,11 +100,8 @@ class Extent:
         number = place.removeprefix("row ")
         if file not in self.places or not number.isdigit() or not sum(self.places.values()):
             return None
-        before = 0
-        for name, n in self.places.items():
-            if name == file:
-                break
-            before += n
+        names = list(self.places)
+        before = sum(self.places[name] for name in names[: names.index(file)])
         return min((before + int(number)) / sum(self.places.values()), 1.0)
 
 
