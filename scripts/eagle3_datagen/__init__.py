@@ -4,7 +4,8 @@ The package's subpackages are the pipeline's shape, lowest layer first; a module
 its own layer and those below it (tests/unit/test_architecture.py checks it, and that no import
 cycle exists):
 
-  settings     the validated config as typed values (model profile, sampling, client settings, hashing)
+  settings     the validated config as typed values (model profile, budgets, client, pilot, export, hashing)
+  sampling     where a row's sampling values come from, in one order
   storage/     tables (Parquet in batches), the file layout, and the readers of users' prompt files
   tokens/      the token domain: chat templates, stop sets, SGLang's parsers, the chat layer
   demo/        the demo's tiny model and the tokenizer fixtures built from packages

@@ -1,4 +1,4 @@
-"""Typed views of the validated config: the model profile, sampling, client and export settings.
+"""Typed views of the validated config: the model profile, budgets, client, pilot, export and demo settings.
 
 The config is validated against `schemas/config.schema.yaml` before anything reads it, and the
 schema is the one place that holds defaults: validation fills them in, and `defaults()` reads them for
@@ -99,6 +99,40 @@ def _open_required(instance: dict, node: dict) -> None:
 def defaults(*path: str, **given: Any) -> dict:
     """The object at `path` of the config (e.g. "client"), with `given` values and the schema's defaults."""
     return fill_defaults(dict(given), _node(path))
+
+
+class ConfigGroup:
+    """A config block as a frozen dataclass (`block` names it): the schema's defaults under the config's
+    values; a key the type does not know is an error, not ignored."""
+
+    block = ""
+
+    @classmethod
+    def from_config(cls, values: dict | None = None):
+        return cls(**defaults(cls.block, **(values or {})))
+
+
+@dataclass(frozen=True)
+class PilotSettings(ConfigGroup):
+    block = "pilot"  # the share of each category's conversations (per mode) the pilot sends, at least min_rows
+    fraction: float
+    min_rows: int
+
+
+@dataclass(frozen=True)
+class DemoModelSettings(ConfigGroup):
+    block = "demo_model"  # the demo model's training
+    steps: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class ExportSettings(ConfigGroup):
+    block = "export"  # the draft vocabulary (the target's size: else the tokenizer's), turns merged, filters
+    draft_vocab_size: int
+    target_vocab_size: int | None
+    merge_turns: bool
+    filters: dict
 
 
 # The SGLang version whose wire format the local engine speaks and whose parser semantics apply
@@ -252,76 +286,6 @@ class ClientSettings:
     def request_timeout(self, max_new_tokens: int) -> float:
         """A long answer is slow, not stuck: the timeout grows with the row's token budget."""
         return self.request_timeout_floor_s + self.request_timeout_per_token_s * max_new_tokens
-
-
-# Where a row's sampling values come from, first found wins; written once, for the README and for
-# every error a conflicting config gets.
-SAMPLING_PRECEDENCE = (
-    "the category sheet's cell for the row's mode, then model.modes.<mode>.sampling, then the config's "
-    "sampling block, then the schema's default (temperature has none)"
-)
-# The sampling keys a category's row of the sheet may set.
-SHEET_SAMPLING_KEYS = ("temperature", "top_p")
-
-
-def sheet_sampling(category: dict, modes: tuple[str, ...], every_mode: tuple[str, ...]) -> dict[str, dict]:
-    """{mode: {key: value}} of a category's sampling cells, for the modes of its mix (`modes`; the
-    profile's are `every_mode`). A plain number is the category's where its mix has one mode; where it
-    has several, the cell names a value per mode (thinking:1.0,instant:0.6), so that one mode is never
-    silently sampled at the other's value."""
-    per_mode: dict[str, dict] = {mode: {} for mode in every_mode}
-    for key in SHEET_SAMPLING_KEYS:
-        value = category.get(key)
-        if value is None or value != value or value == "":  # NaN marks an empty TSV cell
-            continue
-        text = str(value).strip()
-        if ":" not in text:
-            if len(modes) > 1:
-                raise ValueError(
-                    f"field '{key}': the category mixes modes {', '.join(modes)}, and one {key} ({text}) would "
-                    f"sample them all alike: give one per mode ({','.join(f'{m}:{text}' for m in modes)}). "
-                    f"A row's sampling comes from {SAMPLING_PRECEDENCE}"
-                )
-            pairs = [(mode, text) for mode in every_mode]
-        else:
-            pairs = [part.strip().partition(":")[::2] for part in text.split(",")]
-        for mode, number in pairs:
-            mode = mode.strip()
-            if ":" in text and mode not in modes:
-                raise ValueError(
-                    f"field '{key}': {text!r} names mode {mode!r}, which the category does not use "
-                    f"(its modes: {', '.join(modes)})"
-                )
-            try:
-                per_mode[mode][key] = float(number)
-            except ValueError:
-                raise ValueError(f"field '{key}': the value for {mode!r} is not a number: {number.strip()!r}") from None
-            if not (0 <= per_mode[mode][key] and (key != "top_p" or 0 < per_mode[mode][key] <= 1)):
-                raise ValueError(f"field '{key}': {number.strip()} for {mode!r} is out of range")
-    return per_mode
-
-
-def sampling_for(config: dict, category: dict, modes: tuple[str, ...] | None = None) -> dict:
-    """The effective sampling values of one category, per serving mode ({mode: values}), each value
-    from the first place that gives it (SAMPLING_PRECEDENCE). `modes`: the modes the category's mix
-    uses (default: every mode of the profile), for its sheet cells. A mode without a temperature is refused."""
-    profile = ModelProfile.from_config(config["model"])
-    modes = tuple(modes or profile.mode_names)
-    base = defaults("sampling", **(config.get("sampling") or {}))
-    cells = sheet_sampling(category, modes, profile.mode_names)
-    per_mode = {}
-    for mode in profile.mode_names:
-        sampling = {key: base[key] for key in SAMPLING_KEYS if key in base}
-        sampling.update(profile.mode_sampling(mode))
-        sampling.update(cells.get(mode, {}))
-        if "temperature" not in sampling:
-            where = f"model.modes.{mode}.sampling.temperature, " if profile.modes else ""
-            raise ValueError(
-                f"no temperature for mode {mode!r}: set sampling.temperature, {where}or the category's temperature "
-                f"cell (it has no default: model cards differ). A row's sampling comes from {SAMPLING_PRECEDENCE}"
-            )
-        per_mode[mode] = {key: sampling[key] for key in SAMPLING_KEYS}
-    return per_mode
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from pathlib import Path
 import yaml
 
 from eagle3_datagen.engine_settings import EngineSettings
-from eagle3_datagen.settings import Budget, sampling_for
+from eagle3_datagen.sampling import sampling_for
+from eagle3_datagen.settings import Budget
 
 
 def load_sheet(path: str | Path):
@@ -41,10 +42,10 @@ def configure(config: dict, basedir: str | Path, configfiles=("config",)):
 def validate_sheet(sheet, schema_path: str | Path, sheet_path: str | Path, config: dict | None = None) -> None:
     """Check every row of the category sheet; an error names the sheet's file, line and field.
     With the (validated) `config`, each row's mode mix must name the model's modes and its sampling
-    and budget must resolve (`settings.sampling_for`, `budget_for`)."""
+    and budget must resolve (`sampling.sampling_for`, `budget_for`)."""
     import jsonschema
 
-    from eagle3_datagen.settings import RENAMED_KEYS, sampling_for
+    from eagle3_datagen.settings import RENAMED_KEYS
 
     with open(schema_path) as fh:
         schema = yaml.safe_load(fh)

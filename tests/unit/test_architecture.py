@@ -13,6 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "scripts" / "eagle3_datagen"
 # Lowest first: a module may import from its own layer and those below it.
 LAYERS = {
     "settings": 0,
+    "sampling": 0,
     "engine_settings": 0,
     "storage": 1,
     "tokens": 2,

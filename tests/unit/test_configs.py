@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from eagle3_datagen import workflow
-from eagle3_datagen.settings import SAMPLING_PRECEDENCE, Budget, schema, validate_config
+from eagle3_datagen.sampling import SAMPLING_PRECEDENCE
+from eagle3_datagen.settings import Budget, schema, validate_config
 from eagle3_datagen.workflow import check_engine
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -126,7 +126,7 @@ def make_template(facts: dict, profile: ModelProfile, sampling: dict, engine: En
 
 
 def mode_sampling(sampling: dict, profile: ModelProfile) -> dict[str, dict]:
-    """{mode: sampling values}: the `sampling` param is per mode (`settings.sampling_for`); one flat
+    """{mode: sampling values}: the `sampling` param is per mode (`sampling.sampling_for`); one flat
     set of values applies to every mode."""
     if sampling and all(isinstance(v, dict) for v in sampling.values()):
         missing = [m for m in profile.mode_names if m not in sampling]

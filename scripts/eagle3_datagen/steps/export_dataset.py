@@ -16,7 +16,7 @@ import orjson
 import pyarrow as pa
 
 from eagle3_datagen.quality.gate import Gate, reason_of
-from eagle3_datagen.settings import DEFAULT_MODE, defaults
+from eagle3_datagen.settings import DEFAULT_MODE, ExportSettings, defaults
 from eagle3_datagen.storage.disk import AtomicFile
 from eagle3_datagen.storage.tables import IDS, Batching, TableWriter, count_rows, iter_batches, logged, read_provenance
 from eagle3_datagen.storage.trainer_rows import dataset_row
@@ -294,7 +294,7 @@ def export_dataset(
         parquet=dataset_parquet,
         rejected=rejected,
         batching=batching,
-        merge_turns=bool((export or {}).get("merge_turns", False)),
+        merge_turns=ExportSettings.from_config(export).merge_turns,
         gate=Gate.from_provenance(quality, read_provenance(generations)),
     )
     log.info("%s: %s", generations, counts)

@@ -40,7 +40,7 @@ from eagle3_datagen.generation.run import generate_category
 from eagle3_datagen.generation.servers import job_facts
 from eagle3_datagen.quality.flags import CODES, LOOP_FINISH, QualityFacts, QualitySettings, row_flags
 from eagle3_datagen.quality.loops import find_loop
-from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, ClientSettings, ModelProfile, stable_hash
+from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, ClientSettings, ModelProfile, PilotSettings, stable_hash
 from eagle3_datagen.storage.layout import journal_path
 from eagle3_datagen.storage.tables import iter_batches, iter_rows, read_provenance
 from eagle3_datagen.storage.trainer_rows import dataset_row
@@ -52,6 +52,7 @@ def sample_keys(prompts: Path, pilot: dict, seed: int) -> tuple[set, int]:
     """(the sampled (id, sample_index, mode) keys, the category's usable conversations): per serving
     mode (each projected from its own sample), the max(min_rows, ceil(fraction x usable)) usable rows
     of that mode with the smallest seeded hashes."""
+    settings = PilotSettings.from_config(pilot)
     drawn: dict[str, list] = {}
     for rows in iter_batches(prompts, columns=["id", "sample_index", "mode", "status"]):
         for r in rows:
@@ -62,7 +63,7 @@ def sample_keys(prompts: Path, pilot: dict, seed: int) -> tuple[set, int]:
                 drawn.setdefault(r["mode"], []).append((stable_hash([seed, "pilot", *hashed]), key))
     keys = set()
     for in_mode in drawn.values():
-        n = min(len(in_mode), max(int(pilot["min_rows"]), math.ceil(float(pilot["fraction"]) * len(in_mode))))
+        n = min(len(in_mode), max(settings.min_rows, math.ceil(settings.fraction * len(in_mode))))
         keys |= {key for _, key in sorted(in_mode)[:n]}
     return keys, sum(len(in_mode) for in_mode in drawn.values())
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from eagle3_datagen.settings import ExportSettings
 from eagle3_datagen.storage.disk import file_sha256
 from eagle3_datagen.storage.tables import read_provenance
 
@@ -89,9 +90,9 @@ def draft_vocabulary(counts: np.ndarray, draft_vocab_size: int) -> tuple[np.ndar
     return d2t, t2d
 
 
-def target_vocab_size(prompts: list[Path], export: dict) -> int:
-    if export.get("target_vocab_size"):
-        return int(export["target_vocab_size"])
+def target_vocab_size(prompts: list[Path], export: ExportSettings) -> int:
+    if export.target_vocab_size:
+        return export.target_vocab_size
     sizes = {int(read_provenance(p)["vocab_size"]) for p in prompts}
     if len(sizes) != 1:
         raise ValueError(f"the categories were tokenized with vocabularies of different sizes: {sorted(sizes)}")
@@ -123,8 +124,8 @@ def vocab_mapping(
     they were built from (`vocab_provenance`)."""
     import torch
 
-    size = target_vocab_size(prompts, export)
-    draft = int(export.get("draft_vocab_size", 32000))
+    settings = ExportSettings.from_config(export)
+    size, draft = target_vocab_size(prompts, settings), settings.draft_vocab_size
     digest = hashlib.sha256()
     counts, rows = loss_token_counts(train, size, digest)
     d2t_array, t2d_array = draft_vocabulary(counts, draft)
@@ -149,7 +150,7 @@ def vocab_mapping(
             "train": {"path": str(train), "sha256": digest.hexdigest(), "bytes": train.stat().st_size},
             **summary,
             **prompts_tokenizer(prompts),
-            "max_length": (export.get("filters") or {}).get("max_length"),
+            "max_length": settings.filters.get("max_length"),
             "files": {p.name: file_sha256(p) for p in (token_freq, vocab_mapping, d2t, t2d)},
         }
         vocab_provenance.write_text(json.dumps(record, indent=2) + "\n")
