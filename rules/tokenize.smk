@@ -38,6 +38,7 @@ rule tokenize_prompts:
         allow_empty=get_param("allow_empty"),
         reading=get_param("reading"),
         turns=get_param("turns"),
+        tool_divergence=get_param("tool_divergence"),
         mode_mix=get_param("mode_mix"),
         batch=get_param("batch"),
     script:

@@ -220,7 +220,9 @@ def make_prompts(tmp_path, qwen3_tokenizer_dir):
     from eagle3_datagen.settings import defaults
     from eagle3_datagen.steps.tokenize_prompts import tokenize_prompts
 
-    def make(rows, *, category="cat", max_new_tokens=32, samples_per_prompt=1, turns="last", **model):
+    def make(
+        rows, *, category="cat", max_new_tokens=32, samples_per_prompt=1, turns="last", tool_divergence="end", **model
+    ):
         source = tmp_path / f"{category}.jsonl"
         source.write_text("".join(json.dumps(r) + "\n" for r in rows))
         model_config = defaults("model", **{**QWEN3_MODEL, "tokenizer": str(qwen3_tokenizer_dir), **model})
@@ -235,6 +237,7 @@ def make_prompts(tmp_path, qwen3_tokenizer_dir):
             seed=7,
             on_bad_rows="quarantine",
             turns=turns,
+            tool_divergence=tool_divergence,
         )
         return out, model_config
 

@@ -143,6 +143,10 @@ def _turns(config: dict, category: dict) -> str:
     return str(_cell(category, "turns") or config.get("turns", "all"))
 
 
+def _tool_divergence(config: dict, category: dict) -> str:
+    return str(_cell(category, "tool_divergence") or config.get("tool_divergence", "end"))
+
+
 def _export(config: dict, category: dict) -> dict:
     """The export block, with the category's merge_turns where its row of the sheet sets one."""
     from eagle3_datagen.settings import defaults
@@ -194,6 +198,7 @@ PARAMS = {
     "export": _export,
     "quality": lambda config, category: dict(config["quality"]),
     "turns": _turns,
+    "tool_divergence": _tool_divergence,
     "mode_mix": lambda config, category: mode_mix(config, category).to_json(),
     "categories": lambda config, category: list(load_sheet(config["categories"])["category"]),
     "demo_model": lambda config, category: config["demo_model"],

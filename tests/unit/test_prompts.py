@@ -33,7 +33,6 @@ def good(i, **extra):
         ({"id": "x", "messages": []}, "field 'messages': empty conversation"),
         ({"id": "x", "messages": "hi"}, "field 'messages': expected a list"),
         ({"id": "x", "messages": [{"role": "bot", "content": "hi"}]}, "field 'messages[0].role': unknown role 'bot'"),
-        ({"id": "x", "messages": [{"role": "user", "content": "  "}]}, "field 'messages[0].content': empty content"),
         ({"id": "x", "messages": [{"role": "user", "content": 3}]}, "field 'messages[0].content'"),
         (
             {"id": "x", "messages": [{"role": "user", "content": "hi"}], "tools": {"a": 1}},
@@ -56,6 +55,28 @@ def test_bad_row_is_reported_with_file_line_and_field(tmp_path, bad, field):
     assert rows[1].reason.startswith(f"{path}:2: ")
     assert field in rows[1].reason
     assert [r.id for r in rows if r.ok] == ["r1", "r3"]
+
+
+def test_an_empty_turn_is_where_the_conversation_ends_not_a_bad_row(tmp_path):
+    """An empty user or assistant turn is kept and named (the turns before it are still made, see
+    test_turns); an empty turn beside one of its own speaker's is merged away; a trailing empty answer
+    is the one regenerated anyway."""
+    convs = [
+        [("human", "a"), ("gpt", "b"), ("human", "  "), ("gpt", "d"), ("human", "e")],
+        [("human", "a"), ("human", ""), ("gpt", "b"), ("human", "c")],
+        [("human", "a"), ("gpt", "")],
+    ]
+    rows = read_prompts(
+        write_lines(
+            tmp_path / "p.jsonl",
+            [{"id": str(i), "conversations": [{"from": f, "value": v} for f, v in c]} for i, c in enumerate(convs)],
+        )
+    )
+    assert all(r.ok for r in rows)
+    assert rows[0].empty == (2, "conversations[2].value") and len(rows[0].messages) == 5
+    assert rows[1].empty is None and [m["content"] for m in rows[1].messages] == ["a", "b", "c"]
+    assert rows[1].fixes == {"same_speaker_merged": 1}
+    assert rows[2].empty is None and rows[2].dropped_assistant
 
 
 def test_duplicate_id_keeps_the_first_and_names_it(tmp_path):

@@ -123,9 +123,18 @@ class Run:
     """A category of CONVERSATIONS through tokenize, generate (one engine, one record) and the checks."""
 
     def __init__(
-        self, tmp_path, make_prompts, kimi_tokenizer_dir, *, max_new_tokens=400, rows=CONVERSATIONS, turns="all"
+        self,
+        tmp_path,
+        make_prompts,
+        kimi_tokenizer_dir,
+        *,
+        max_new_tokens=400,
+        rows=CONVERSATIONS,
+        turns="all",
+        tool_divergence="end",
     ):
         self.tmp_path, self.make_prompts, self.turns = tmp_path, make_prompts, turns
+        self.tool_divergence = tool_divergence
         self.kimi_dir, self.max_new_tokens = kimi_tokenizer_dir, max_new_tokens
         self.budget = {"max_new_tokens": max_new_tokens, "min_new_tokens": 4, "reserve_tokens": 2}
         self.record = tmp_path / "record.jsonl"
@@ -133,7 +142,12 @@ class Run:
 
     def tokenize(self, rows):
         self.prompts, self.model = self.make_prompts(
-            rows, max_new_tokens=self.max_new_tokens, turns=self.turns, tokenizer=str(self.kimi_dir), **KIMI
+            rows,
+            max_new_tokens=self.max_new_tokens,
+            turns=self.turns,
+            tool_divergence=self.tool_divergence,
+            tokenizer=str(self.kimi_dir),
+            **KIMI,
         )
 
     @staticmethod
@@ -420,3 +434,59 @@ def test_turns_last_regenerates_only_the_last_turn_on_the_original_history(
     text = kimi_tok.decode(rows[0]["prompt_ids"], skip_special_tokens=False)
     assert text.count(ORIGINAL) == 3 and json.loads(rows[0]["messages"]) == CONVERSATIONS[0]["messages"]
     assert [label(e["rid"]) for e in served(run.record)] == ["chat.0"]
+
+
+def test_an_empty_turn_ends_the_conversation_there(tmp_path, make_prompts, kimi_tokenizer_dir):
+    """An empty message ends a conversation, not erases it: the turns before it are made, each turn
+    whose history holds it is a skipped row naming it; one in the first turn's history skips them all."""
+    gap = json.loads(json.dumps(CONVERSATIONS[0]))
+    gap["id"], gap["messages"][3]["content"] = "gap", " "  # the answer to turn 1 was never written
+    lost = {"id": "lost", "messages": [user(""), assistant("a"), user("b")]}
+    run = Run(tmp_path, make_prompts, kimi_tokenizer_dir, rows=[gap, lost])
+    with engine(kimi_tokenizer_dir, run.record) as url:
+        rows = read_rows(run.generate(url))
+    assert [(r["id"], r["turn"], r["status"]) for r in rows] == [
+        ("gap", 0, "ok"),
+        ("gap", 1, "ok"),
+        ("gap", 2, "skipped"),
+        ("gap", 3, "skipped"),
+        ("lost", 0, "skipped"),
+        ("lost", 1, "skipped"),
+    ]
+    assert all("message 3 of the conversation (assistant) is empty" in r["error"] for r in rows[2:4])
+    assert "field 'messages[0].content': empty content" in rows[4]["error"]
+    assert "turn 0 was not sent" in rows[5]["error"] and "empty content" in rows[5]["error"]
+    assert sorted(label(e["rid"]) for e in served(run.record)) == ["gap.0", "gap.0.t1"]
+
+
+def test_a_diverged_tool_call_gives_its_later_turns_on_the_original_history(
+    tmp_path, make_prompts, kimi_tokenizer_dir, kimi_tok
+):
+    """tool_divergence: original. Where the model's calls differ from the original's, the original
+    message and its results stand in its place, the later turns are made on that history, and each
+    row says which history it was rendered on; the checks accept exactly that."""
+    run = Run(tmp_path, make_prompts, kimi_tokenizer_dir, rows=CONVERSATIONS[1:3], tool_divergence="original")
+    assert read_provenance(run.prompts)["tool_divergence"] == "original"
+    with engine(kimi_tokenizer_dir, run.record) as url:
+        out = run.generate(url)
+    rows = by_turn(read_rows(out))
+    assert all(r["status"] == "ok" for r in rows.values()), [r["error"] for r in rows.values()]
+    # weather: turn 1 calls the tool again where the original answered in text (the default ends the
+    # conversation there); its original answer stands in turn 2's history, and in turn 3's.
+    assert [rows[("weather", 0, t)]["history"] for t in range(4)] == ["on_policy", "on_policy", "original", "original"]
+    weather2 = json.loads(rows[("weather", 0, 2)]["messages"])
+    assert weather2[-2:] == [assistant(f"{ORIGINAL} cold"), user("And tomorrow?")]
+    assert f"{ORIGINAL} cold" in kimi_tok.decode(rows[("weather", 0, 2)]["prompt_ids"], skip_special_tokens=False)
+    # search: the model calls get_weather where the original called web_search: the original call and
+    # its result make turn 1's history.
+    assert rows[("search", 0, 1)]["history"] == "original"
+    search1 = json.loads(rows[("search", 0, 1)]["messages"])
+    assert search1[1:] == CONVERSATIONS_BY_ID["search"][1:]
+    report = check_sequences(generations=out, sequence_report=tmp_path / "seq.json", model=run.model)
+    assert report.checked == len(rows) and not report.n_violations
+    # A row that claims an on-policy history while holding an original answer is caught.
+    tampered = [dict(r, history="on_policy") if r["history"] == "original" else r for r in read_rows(out)]
+    caught = check_rows(tampered, tokenizer=kimi_tok, profile=ModelProfile.from_config(run.model))
+    flagged = {(v["id"], 0, v["turn"]) for v in caught.violations}
+    assert {("weather", 0, 2), ("search", 0, 1)} <= flagged
+    assert all(rows[key]["history"] == "original" for key in flagged)

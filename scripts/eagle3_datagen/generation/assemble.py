@@ -93,6 +93,7 @@ def assemble(
                 **base,
                 "turn": req.turn,
                 "messages": conversation.history_json(),
+                "history": conversation.history_kind,
                 "prompt_ids": req.prompt_ids,
                 "seed": req.seed,
                 "max_new_tokens": req.max_new_tokens,

@@ -151,6 +151,7 @@ def make_builder(
         Budget(**budget),
         tokenizer_sha256=facts.get("tokenizer_sha256"),
         templates=templates,
+        tool_divergence=facts.get("tool_divergence", "end"),
     )
 
 

@@ -12,10 +12,18 @@ Tool results: where the original conversation answers an assistant tool call wit
 they are spliced in after the regenerated answer when it calls *the same tools*: the same function
 names, in the same order and number (the arguments may differ: the original results answered the
 original arguments). Each result's `tool_call_id` is rewritten to the regenerated call's id.
+Where the regenerated answer calls other tools (or none, or some where the original answered in
+text), the results cannot answer it: with `tool_divergence: end` (the default) the conversation
+ends there; with `original`, the original assistant message and its results take the answer's place
+and the later turns are regenerated on that history (each still on the model's own answers after
+it, where their tools match). Each turn says which (`history_kind`: on_policy, or original from the
+first turn rendered on an original answer on).
 
 A conversation ends early, never silently: after a failed turn, a turn cut at `max_new_tokens` or
-stopped as a repetition loop (finish_type `loop`), a tool mismatch, or a next prompt that does not fit the context, its later turns become skipped rows
-carrying the reason, and the turns before stay.
+stopped as a repetition loop (finish_type `loop`), a tool mismatch, an empty message in the original
+conversation (a turn never written or an answer lost: the turns whose history holds it), or a next
+prompt that does not fit the context, its later turns become skipped rows carrying the reason, and
+the turns before stay.
 
 `turn_ends` (a prompts table column) says where each turn's history ends in the conversation; with
 `turns: last` it has one entry and this module only ever makes the one request of the prompts row.
@@ -31,9 +39,14 @@ from dataclasses import dataclass
 from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.settings import Budget, ModelProfile, stable_hash
+from eagle3_datagen.storage.prompt_rows import empty_message
 from eagle3_datagen.tokens.token_facts import output_budget
 
 TURN_MODES = ("all", "last")
+# What follows a regenerated answer whose tool calls the original results cannot answer (config
+# tool_divergence): the conversation ends, or goes on with the original message in its place.
+DIVERGENCE = ("end", "original")
+ON_POLICY, ORIGINAL = "on_policy", "original"  # a row's history: the model's own answers only, or not
 
 
 def turn_ends(messages: list[dict], mode: str) -> list[int]:
@@ -59,7 +72,7 @@ def turn_seed(seed: int, turn: int) -> int:
     return seed if turn == 0 else int(stable_hash([seed, turn])[:15], 16) % (2**31 - 1)
 
 
-def _names(calls: list[dict]) -> list[str]:
+def call_names(calls: list[dict]) -> list[str]:
     return [c.get("function", {}).get("name", "") for c in calls]
 
 
@@ -76,15 +89,15 @@ def splice_tool_results(original: list[dict], answer: dict, following: list[dict
         if calls:
             goes_on = f"goes on with a {following[0]['role']} message" if following else "ends"
             return [], (
-                f"the regenerated answer calls {', '.join(_names(calls))} but the original conversation {goes_on}, "
+                f"the regenerated answer calls {', '.join(call_names(calls))} but the original conversation {goes_on}, "
                 "not with their results"
             )
         return list(following), None
     original_calls = [c for m in original for c in (m.get("tool_calls") or [])]
-    if _names(calls) != _names(original_calls):
+    if call_names(calls) != call_names(original_calls):
         return [], (
-            f"tool mismatch: the regenerated answer calls [{', '.join(_names(calls))}] where the original called "
-            f"[{', '.join(_names(original_calls))}], whose results follow"
+            f"tool mismatch: the regenerated answer calls [{', '.join(call_names(calls))}] where the original called "
+            f"[{', '.join(call_names(original_calls))}], whose results follow"
         )
     new_id = {c.get("id"): calls[i]["id"] for i, c in enumerate(original_calls)}
     spliced = []
@@ -111,9 +124,13 @@ class TurnBuilder:
         tokenizer_sha256: str | None = None,
         load: Callable | None = None,
         templates: dict[str, RequestTemplate] | None = None,
+        tool_divergence: str = "end",
     ):
         """`template` and `profile` are the first mode's; `templates` has every mode's (by name)
         where the profile has several (`settings.ModelProfile.modes`)."""
+        if tool_divergence not in DIVERGENCE:
+            raise ValueError(f"tool_divergence must be one of {', '.join(DIVERGENCE)}, not {tool_divergence!r}")
+        self.tool_divergence = tool_divergence
         self.template = template
         self.profile = profile
         self.templates = templates or {profile.mode: template}
@@ -196,6 +213,8 @@ class Conversation:
         self._history: list | None = None  # read from the row's messages when first asked for
         self.request: Request = builder.request(row, 0, row["prompt_ids"], row["max_new_tokens"])
         self.end_reason: str | None = None
+        # The first turn rendered on an original answer in place of the model's (tool_divergence: original).
+        self.original_from: int | None = None
 
     @functools.cached_property
     def messages(self) -> list:
@@ -223,6 +242,11 @@ class Conversation:
 
     def history_json(self) -> str:
         return json.dumps(self.history, ensure_ascii=False)
+
+    @property
+    def history_kind(self) -> str:
+        """What the current turn's history holds: the model's own answers only, or an original one."""
+        return ON_POLICY if self.original_from is None else ORIGINAL
 
     def _end(self, reason: str) -> None:
         self.end_reason = reason
@@ -257,17 +281,24 @@ class Conversation:
                 f"continue the conversation; its {later} later turn(s) not generated"
             )
             return None
+        empty = empty_message(self.messages[: self.ends[k + 1]], self.ends[k])
+        if empty is not None:
+            self._end(f"turn {k + 1} not generated: {empty}; {later} turn(s) not generated")
+            return None
         layer = self.builder.layer_for(self.mode)
         answer = layer.answer_message(result["output_ids"], result.get("finish_type", ""), self.tools, self.history)
         segment = self.messages[self.ends[k] : self.ends[k + 1]]
         j = 0
         while j < len(segment) and segment[j]["role"] == "assistant":
             j += 1
-        following, why = splice_tool_results(segment[:j], answer, segment[j:])
-        if why is not None:
-            self._end(f"turn {k + 1} not generated: {why}; {later} turn(s) not generated")
+        following, diverged = splice_tool_results(segment[:j], answer, segment[j:])
+        if diverged is not None and self.builder.tool_divergence == "end":
+            self._end(f"turn {k + 1} not generated: {diverged}; {later} turn(s) not generated")
             return None
-        history = self.history + [answer] + following
+        if diverged is not None:  # the original answer and its results stand in for the model's
+            history = self.history + segment
+        else:
+            history = self.history + [answer] + following
         tokenized = layer.chat.tokenize([history], [self.tools])[0]
         if tokenized.error is not None:
             self._end(f"turn {k + 1}: the chat template cannot render its history: {tokenized.error}")
@@ -281,6 +312,8 @@ class Conversation:
             self._end(f"turn {k + 1} does not fit the context: {why}; {later} turn(s) not generated")
             return None
         self.turn, self.history = k + 1, history
+        if diverged is not None and self.original_from is None:
+            self.original_from = k + 1
         self.request = self.builder.request(self.row, k + 1, tokenized.prompt_ids, max_new)
         return self.request
 

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from eagle3_datagen.figures.base import by_series, series_name
 from eagle3_datagen.figures.runs import plot_lengths, plot_turns
+from eagle3_datagen.generation.turns import ORIGINAL
 from eagle3_datagen.quality.flags import CODES
 from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, mode_totals
 from eagle3_datagen.storage.prompts import without_source
@@ -36,6 +37,7 @@ SCAN_COLUMNS = [
     "sample_index",
     "turn",
     "mode",
+    "history",
     "status",
     "finish_type",
     "error",
@@ -63,6 +65,7 @@ ENDINGS = (
     ("not with their results", "tool calls without results"),
     ("does not fit the context", "the prompt does not fit the context"),
     ("cannot render", "the template cannot render the history"),
+    ("of the conversation", "an empty message in the conversation"),
 )
 
 
@@ -111,6 +114,7 @@ class _ModeTally:
         self.rows = self.n_ok = self.truncated = self.ok_output = self.prompt_tokens = self.output_tokens = 0
         self.turns_merged = 0
         self.budget = 0  # the largest max_new_tokens an answer was given (its mode's, where the context allows)
+        self.original = 0  # ok rows rendered on an original answer (tool_divergence: original)
         self.not_merged: Counter = Counter()
 
     def add(self, other: "_ModeTally") -> "_ModeTally":
@@ -118,7 +122,16 @@ class _ModeTally:
             self.statuses[key] += other.statuses[key]
         for key in self.quality:
             self.quality[key] += other.quality[key]
-        for key in ("rows", "n_ok", "truncated", "ok_output", "prompt_tokens", "output_tokens", "turns_merged"):
+        for key in (
+            "rows",
+            "n_ok",
+            "truncated",
+            "ok_output",
+            "prompt_tokens",
+            "output_tokens",
+            "turns_merged",
+            "original",
+        ):
             setattr(self, key, getattr(self, key) + getattr(other, key))
         self.not_merged.update(other.not_merged)
         self.budget = max(self.budget, other.budget)
@@ -138,6 +151,8 @@ class _ModeTally:
             "mean_output_tokens": round(self.ok_output / n_ok, 1) if n_ok else 0.0,
             "truncated_share": round(self.truncated / n_ok, 4) if n_ok else 0.0,
             "max_new_tokens": self.budget,
+            "on_policy_rows": n_ok - self.original,
+            "original_history_rows": self.original,
             **self.quality,
             "turns_merged": self.turns_merged,
             "turns_not_merged": int(sum(self.not_merged.values())),
@@ -188,6 +203,7 @@ def category_summary(
             tally.ok_output += n_output
             tally.truncated += batch["finish_type"][i] == "length"
             tally.budget = max(tally.budget, int(batch["max_new_tokens"][i]))
+            tally.original += batch["history"][i] == ORIGINAL
             pair = lengths.setdefault(mode, ([], []))
             pair[0].append(n_prompt)
             pair[1].append(n_output)

@@ -55,8 +55,10 @@ def tokenize_prompts(
     batch: dict | None = None,
     max_unexpected_row_share: float = 0.01,
     mode_mix: str | None = None,
+    tool_divergence: str = "end",
 ) -> None:
-    """Tokenize one category's prompt file `source` into the prompts table `prompts`, a batch at a time.
+    """Tokenize one category's prompt file `source` into the prompts table `prompts`, a batch at a time
+    (`tool_divergence` goes into its provenance, for the later turns: `turns.DIVERGENCE`).
 
     Rows skipped by an unexpected error (prompt_rows.PromptRow.unexpected: not a foreseen problem of the
     row, possibly a bug) are counted apart; past `max_unexpected_row_share` of the rows they fail
@@ -110,6 +112,7 @@ def tokenize_prompts(
             "turns": turns,
             "max_unexpected_row_share": max_unexpected_row_share,
             "mode_mix": mode_mix,
+            "tool_divergence": tool_divergence,
         }
         writer.close(table_provenance(source, tokenizer, profile, tally, params, mix))
     progress.finish()
@@ -139,6 +142,7 @@ def table_provenance(
         "control_token_policy": CONTROL_TOKEN_POLICY,
         "normalization": tally.normalization,
         "turns": params["turns"],
+        "tool_divergence": params.get("tool_divergence", "end"),
         "max_turns": tally.max_turns,
         "unexpected_rows": tally.unexpected,
         "params": params,
@@ -260,8 +264,11 @@ def build_prompt_rows(
     `turns: all` the history up to the first user message an assistant answers (`turn_ends`)."""
     chats = chat if isinstance(chat, dict) else mode_chats(chat, profile)
     mix = mix or ModeMix.parse(None, profile.mode_names)
+    ends = {id(r): turn_ends(r.messages, turns) for r in rows if r.ok}
+    for r in rows:  # an empty message in the first turn's history: no turn can be made
+        if r.ok and r.empty is not None and r.empty[0] < ends[id(r)][0]:
+            r.reason = f"{r.source}: field '{r.empty[1]}': empty content"
     usable = [r for r in rows if r.ok]
-    ends = {id(r): turn_ends(r.messages, turns) for r in usable}
     modes_of = {id(r): mix.of(base_seed, r.id) for r in rows}
     by_key = {}
     for mode in mix.names:

@@ -80,6 +80,9 @@ class PromptRow:
     tools: list | None = None
     dropped_assistant: bool = False
     reason: str | None = None
+    # The first empty user or assistant message: (its index in `messages`, its field in the file).
+    # The conversation ends there: turns whose history holds it are not made (`empty_message`).
+    empty: tuple[int, str] | None = None
     # What normalization changed, counted per category in the summary (ShareGPT's quirks).
     fixes: dict = field(default_factory=dict)
     # Skipped by an exception nobody foresaw (not a RowError): possibly a bug, so counted apart.
@@ -215,10 +218,8 @@ def _normalize_message(raw, index: int, sharegpt: bool) -> dict:
                 f"{where}.tool_calls",
                 "expected a list of {'id', 'type': 'function', 'function': {'name', 'arguments'}}",
             )
-    if role in ("system", "user", "tool") and not text.strip():
+    if role in ("system", "tool") and not text.strip():
         raise RowError(content_field, "empty content")
-    if role == "assistant" and not text.strip() and not tool_calls:
-        raise RowError(content_field, "empty assistant message without tool_calls")
     if role == "tool" and "tool_call_id" not in message:
         raise RowError(f"{where}.tool_call_id", "a tool message needs the id of the call it answers")
     return message
@@ -266,6 +267,7 @@ def normalize_row(obj, *, source: str, options: ReadOptions | None = None) -> Pr
     if not raw_messages:
         raise RowError(key, "empty conversation")
     messages = [_normalize_message(m, i, sharegpt) for i, m in enumerate(raw_messages)]
+    fields = {id(m): f"{key}[{i}].{'value' if sharegpt else 'content'}" for i, m in enumerate(messages) if is_empty(m)}
     if sharegpt:
         messages = _sharegpt_fixes(raw_messages, messages, row.fixes)
         if not messages:  # about 1% of real ShareGPT: one assistant turn and nothing it answers
@@ -286,7 +288,26 @@ def normalize_row(obj, *, source: str, options: ReadOptions | None = None) -> Pr
         raise RowError(key, "nothing to answer: the conversation must end with a user or tool message")
     row.messages = messages
     row.tools = tools
+    first = next((i for i, m in enumerate(messages) if is_empty(m)), None)
+    if first is not None:
+        row.empty = (first, fields[id(messages[first])])
     return row
+
+
+def is_empty(message: dict) -> bool:
+    """A user message without text, or an assistant message without text or tool calls."""
+    return message["role"] in ("user", "assistant") and not message["content"].strip() and not message.get("tool_calls")
+
+
+def empty_message(messages: list[dict], start: int = 0) -> str | None:
+    """Why `messages[start:]` cannot be a history: the first empty message in it, or None.
+
+    Real conversations hold them (0.4% of ShareGPT: a turn never written, an answer lost), and one
+    ends a conversation there: the turns before it are made, the later ones are skipped rows."""
+    for i in range(start, len(messages)):
+        if is_empty(messages[i]):
+            return f"message {i} of the conversation ({messages[i]['role']}) is empty"
+    return None
 
 
 def _content_id(obj: dict) -> str:
@@ -312,7 +333,8 @@ def _sharegpt_fixes(raw: list, messages: list[dict], fixes: dict) -> list[dict]:
     - assistant turns before the first user turn are dropped, as SpecForge does: there is nothing
       they answer (`leading_assistant_dropped`, per turn);
     - consecutive turns of one speaker (user, or assistant without tool calls) become one message,
-      their texts joined by a blank line (`same_speaker_merged`, per turn merged away).
+      their texts joined by a blank line, an empty one left out (`same_speaker_merged`, per turn
+      merged away). An empty turn between two speakers stays: the conversation ends there.
     """
     mapped = sum(1 for m in raw if isinstance(m, dict) and m.get("from") not in SHAREGPT_STANDARD)
     if mapped:
@@ -330,7 +352,10 @@ def _sharegpt_fixes(raw: list, messages: list[dict], fixes: dict) -> list[dict]:
         prev = out[-1] if out else None
         plain = m["role"] in ("user", "assistant") and not m.get("tool_calls")
         if prev is not None and plain and prev["role"] == m["role"] and not prev.get("tool_calls"):
-            out[-1] = dict(prev, content=f"{prev['content']}\n\n{m['content']}")
+            # An empty turn beside one of its speaker adds nothing: merged, it is gone.
+            texts = [t for t in (prev["content"], m["content"]) if t.strip()]
+            if texts:
+                out[-1] = dict(prev, content="\n\n".join(texts))
             merged += 1
         else:
             out.append(m)

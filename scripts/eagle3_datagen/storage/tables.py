@@ -52,6 +52,9 @@ GENERATIONS_SCHEMA = pa.schema(
         ("category", pa.string()),
         # The turn's prompt as messages (later turns: with the model's own earlier answers) and tools.
         ("messages", pa.string()),
+        # What that history holds: on_policy (the model's own answers only) or original (an original
+        # answer stands where the model's tool calls diverged: config tool_divergence); null: not made.
+        ("history", pa.string()),
         ("tools", pa.string()),
         ("prompt_ids", IDS),
         ("output_ids", IDS),
