@@ -1,27 +1,36 @@
-"""The loop detector's test corpus: real answers and written repetition that are not loops, and
-loops of many periods and onsets made from real text. Run as a script, it prints the detector's
-false-positive and false-negative rates on it (the README quotes them):
+"""The loop detector's labelled corpus, built from real answers on the token ids. Run as a script,
+it prints recall per loop class and flags per class of legitimate text (the docs quote them):
 
-    .venv/bin/python tests/quality_corpus.py [--full]
+    .venv/bin/python tests/quality_corpus.py [--full] [--per-class N] [--tokenizer qwen3|kimi]
 
 - Not loops: the assistant answers of ShareGPT V3's first 1,500 conversations (`--full`: all
-  67,594 answers of the file), MT-Bench's reference answers, HumanEval's prompts, and
-  legitimate repetition written here: markdown tables, numbered and bulleted lists, code with
-  repeated lines, a song with its chorus, ASCII art, a multiplication table.
-- Loops: a real answer cut at an onset and continued by one n-gram repeated until the budget, in two
-  ways: the last `period` tokens written repeat token for token (a model that fell into a loop), or
-  a sentence of the answer is repeated as text and the whole is tokenized again (so the loop's first
-  copy may tokenize differently at its seams, as text repeated in a real output does).
+  67,594 answers of the file), MT-Bench's reference answers, HumanEval's prompts, and legitimate
+  repetition: written here (markdown tables, one with empty rows, lists, code with repeated and
+  identical lines, a song with its chorus, ASCII art, a multiplication table) and taken from the
+  real answers (`segments`: their markdown tables, lists, code blocks and lines said three times).
+  Each is judged as a finished answer and also cut where a budget could have cut it (`at_budget`):
+  a real answer at a random point, a segment right at its end.
+- Loops (`loops`): a real answer (several, where the onset lies past one) cut at an onset, then its
+  last `period` tokens repeated until the budget, each token swapped for another token of the
+  answer with probability `rate` (a loop that wobbles, as at temperature 1.0). Onsets are `early`
+  (anywhere from the period to where the loop still has room for its evidence), `late` (the last
+  10 % of the budget, with that room: at least 16 copies of a short n-gram) or `late_any` (the last
+  10 %, room or not: what no detector can always see).
 """
 
 import json
+import math
 import random
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REALDATA = ROOT / ".cache" / "realdata"
 PERIODS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 200, 256)
+BUDGETS = (2048, 4096, 32768)
+RATES = (0.0, 0.02, 0.05, 0.1, 0.2)
+ONSETS = ("early", "late", "late_any")
 
 TABLE = "| Model | Params | MMLU | GSM8K |\n|---|---|---|---|\n" + "".join(
     f"| model-{i} | {7 * i}B | {50 + i * 0.7:.1f} | {40 + i * 1.3:.1f} |\n" for i in range(1, 60)
@@ -104,32 +113,77 @@ def not_loops(full: bool = False) -> dict[str, list[str]]:
     }
 
 
-def loops(tokenizer, answers: list[str], n: int, budget: int = 2048, seed: int = 0) -> list[dict]:
-    """`n` looping outputs: each a real answer up to an onset, then one n-gram until `budget` tokens."""
-    rng = random.Random(seed)
-    long_answers = [a for a in answers if len(a) > 400]
-    out = []
-    while len(out) < n:
-        text = rng.choice(long_answers)
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        period = rng.choice(PERIODS)
-        if len(ids) <= period + 1:
-            continue
-        onset = rng.randint(period, min(len(ids), budget // 2))
-        if len(out) % 2 == 0:  # the last `period` tokens written repeat, token for token
-            gram = ids[onset - period : onset]
-            looped = ids[:onset] + gram * ((budget - onset) // period + 1)
-            kind = "token n-gram"
-        else:  # a stretch of the text repeats as text, then the whole is tokenized
-            head, piece = tokenizer.decode(ids[: onset - period]), tokenizer.decode(ids[onset - period : onset])
-            copies = 2 * budget // period + 8
-            looped = tokenizer.encode(head + piece * copies, add_special_tokens=False)
-            while len(looped) < budget + 2 * period:  # pieces that merge into longer tokens
-                copies *= 4
-                looped = tokenizer.encode(head + piece * copies, add_special_tokens=False)
-            kind = "text repeated"
-        out.append({"ids": looped[:budget], "period": period, "onset": onset, "kind": kind})
+def segments(answers: list[str]) -> dict[str, list[str]]:
+    """Legitimate repetition in real answers, by kind: each answer up to the end of its first markdown
+    table (3+ lines starting with `|`), list (5+ items), code block (5+ lines) or line said 3+ times."""
+    patterns = {
+        "real tables": re.compile(r"(?:^[ \t]*\|.*\n){3,}", re.M),
+        "real lists": re.compile(r"(?:^[ \t]*(?:\d+[.)]|[-*+])[ \t].*\n){5,}", re.M),
+        "real code blocks": re.compile(r"^```.*\n(?:(?!```).*\n){5,}?```", re.M),
+    }
+    out: dict[str, list[str]] = {k: [] for k in [*patterns, "real repeated lines"]}
+    for text in answers:
+        for kind, pattern in patterns.items():
+            found = pattern.search(text)
+            if found:
+                out[kind].append(text[: found.end()])
+        lines = [line for line in text.splitlines() if len(line.strip()) > 3]
+        repeated = {line for line in lines if lines.count(line) >= 3}
+        if repeated:
+            out["real repeated lines"].append(text[: text.rindex(max(repeated, key=len)) + len(max(repeated, key=len))])
     return out
+
+
+def room(period: int, rate: float, settings) -> int:
+    """Tokens a loop of this period needs before the budget for its evidence to be there: what
+    `find_loop` must see at the budget, a quarter more where its tokens wobble."""
+    return math.ceil(settings.need(period, at_budget=True) * (1.25 if rate else 1.0))
+
+
+def loops(encoded: list[list[int]], settings, *, per_class: int = 1, seed: int = 0, budgets=BUDGETS) -> list[dict]:
+    """Looping outputs of every budget, onset class, period and rate (`per_class` of each), made from
+    the real answers `encoded` (token ids); each records how it was made."""
+    rng = random.Random(seed)
+    long = [ids for ids in encoded if len(ids) > 300]
+    out = []
+    for budget in budgets:
+        for onset_kind in ONSETS:
+            for period in PERIODS:
+                for rate in RATES:
+                    lo, hi = _onset_range(onset_kind, budget, period, rate, settings)
+                    if lo > hi:
+                        continue  # this period has no room for its evidence in the last 10 %
+                    for _ in range(per_class):
+                        onset = rng.randint(lo, hi)
+                        ids = _looped(rng, long, budget, period, onset, rate)
+                        out.append(
+                            {"ids": ids, "budget": budget, "onset_kind": onset_kind, "period": period}
+                            | {"onset": onset, "rate": rate}
+                        )
+    return out
+
+
+def _onset_range(kind: str, budget: int, period: int, rate: float, settings) -> tuple[int, int]:
+    late = budget - budget // 10
+    if kind == "early":
+        return period, budget - room(period, rate, settings)
+    if kind == "late":
+        return late, budget - room(period, rate, settings)
+    return late, budget - 1
+
+
+def _looped(rng: random.Random, answers: list[list[int]], budget: int, period: int, onset: int, rate: float) -> list:
+    """Real answers written one after another up to `onset`, then their last `period` tokens looped to
+    the budget, each token swapped for another of the answer's tokens with probability `rate`."""
+    head: list[int] = []
+    while len(head) < onset:
+        head += rng.choice(answers)
+    head = head[:onset]
+    gram = head[-period:]
+    body = (gram * ((budget - onset) // period + 1))[: budget - onset]
+    pool = sorted(set(head[-2000:]))
+    body = [rng.choice(pool) if rng.random() < rate else t for t in body]
+    return head + body
 
 
 def live_stop_at(ids: list[int], settings, interval: int = 32) -> int | None:
@@ -143,47 +197,78 @@ def live_stop_at(ids: list[int], settings, interval: int = 32) -> int | None:
     return None
 
 
-def rates(tokenizer, settings, full: bool = False, n_loops: int = 600) -> dict:
-    """The detector on the corpus: flags on finished outputs, and where the live stop would stop."""
+def legitimate(tokenizer, texts: dict[str, list[str]], seed: int = 0) -> dict[str, list[tuple[list[int], bool]]]:
+    """Per class of legitimate text: (ids, at_budget) to judge. Every text as a finished answer; cut by
+    a budget, a real answer at a random point past its first 64 tokens, a segment at its end."""
+    rng = random.Random(seed)
+    out = {}
+    for source, items in texts.items():
+        encoded = [tokenizer.encode(t, add_special_tokens=False) for t in items]
+        out[source] = [(ids, False) for ids in encoded]
+        if source.startswith("real ") or source not in ("sharegpt", "mt-bench and humaneval"):
+            out[f"{source}, cut at its end by a budget"] = [(ids, True) for ids in encoded]
+        else:
+            cut = [ids[: rng.randint(64, len(ids))] for ids in encoded if len(ids) > 64]
+            out[f"{source}, cut at a random point by a budget"] = [(ids, True) for ids in cut]
+    return out
+
+
+def rates(tokenizer, settings, *, full: bool = False, per_class: int = 1, live: bool = True) -> dict:
+    """The detector on the corpus: recall per loop class (flag, and live stop where the loop has room
+    for the live threshold before its budget), flags per class of legitimate text, with examples."""
     from eagle3_datagen.quality.loops import find_loop
 
     texts = not_loops(full)
-    false_positives, live_false_positives = {}, {}
-    n_texts = 0
-    for source, items in texts.items():
-        ids_list = [tokenizer.encode(t, add_special_tokens=False) for t in items]
-        n_texts += len(ids_list)
-        false_positives[source] = [i for i, ids in enumerate(ids_list) if find_loop(ids, settings) is not None]
-        live_false_positives[source] = [i for i, ids in enumerate(ids_list) if live_stop_at(ids, settings) is not None]
-    looped = loops(tokenizer, texts["sharegpt"], n_loops)
-    missed = [item for item in looped if find_loop(item["ids"], settings) is None]
-    stops = [(item, live_stop_at(item["ids"], settings)) for item in looped]
-    live_missed = [item for item, at in stops if at is None]
-    late = [at - item["onset"] for item, at in stops if at is not None]
-    n_fp = sum(len(v) for v in false_positives.values())
-    n_live_fp = sum(len(v) for v in live_false_positives.values())
-    return {
-        "texts": n_texts,
-        "false_positives": n_fp,
-        "false_positive_rate": n_fp / n_texts,
-        "false_positive_examples": {k: v[:3] for k, v in false_positives.items() if v},
-        "live_false_positives": n_live_fp,
-        "live_false_positive_examples": {k: v[:3] for k, v in live_false_positives.items() if v},
-        "loops": len(looped),
-        "missed": len(missed),
-        "false_negative_rate": len(missed) / len(looped),
-        "missed_examples": [{k: m[k] for k in ("period", "onset", "kind")} for m in missed[:5]],
-        "live_missed": len(live_missed),
-        "live_tokens_after_onset": {"mean": sum(late) / len(late), "max": max(late)} if late else None,
-    }
+    texts |= segments(texts["sharegpt"])
+    report: dict = {"legitimate": {}, "loops": {}}
+    for source, items in legitimate(tokenizer, texts).items():
+        flagged = [i for i, (ids, cut) in enumerate(items) if find_loop(ids, settings, at_budget=cut)]
+        stopped = [i for i, (ids, _) in enumerate(items) if live and live_stop_at(ids, settings) is not None]
+        report["legitimate"][source] = {"rows": len(items), "flagged": flagged[:20], "stopped_live": stopped[:20]}
+    encoded = [tokenizer.encode(t, add_special_tokens=False) for t in texts["sharegpt"][:400]]
+    live_need = settings.live().need
+    for item in loops(encoded, settings, per_class=per_class):
+        key = f"{item['onset_kind']} onset, {item['rate']:.0%} swapped"
+        cls = report["loops"].setdefault(key, {"loops": 0, "flagged": 0, "live": 0, "stopped_live": 0, "missed": []})
+        cls["loops"] += 1
+        found = find_loop(item["ids"], settings, at_budget=True)
+        cls["flagged"] += found is not None
+        if found is None and len(cls["missed"]) < 5:
+            cls["missed"].append({k: item[k] for k in ("budget", "period", "onset", "rate")})
+        if live and item["budget"] - item["onset"] >= 2 * live_need(item["period"]):
+            cls["live"] += 1
+            cls["stopped_live"] += live_stop_at(item["ids"], settings) is not None
+    return report
+
+
+def tokenizer_named(name: str):
+    """The corpus's tokenizers: the real Qwen3 one, or Kimi-K2.5's TikToken format (the tests' fixture)."""
+    from transformers import AutoTokenizer
+
+    if name == "qwen3":
+        from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir
+
+        return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
+    from conftest import cached_build  # the fixture as the tests build it
+    from eagle3_datagen.demo.tokenizers import build_kimi_tiktoken_tokenizer
+
+    folder = cached_build("kimi_tiktoken", build_kimi_tiktoken_tokenizer)
+    return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from transformers import AutoTokenizer
+    import argparse
 
-    from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir
+    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(ROOT / "tests"))
     from eagle3_datagen.quality.loops import LoopSettings
 
-    tok = AutoTokenizer.from_pretrained(str(qwen3_tokenizer_dir()))
-    print(json.dumps(rates(tok, LoopSettings(), full="--full" in sys.argv), indent=1, default=str))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--full", action="store_true")
+    parser.add_argument("--per-class", type=int, default=2)
+    parser.add_argument("--tokenizer", default="qwen3", choices=["qwen3", "kimi"])
+    parser.add_argument("--no-live", action="store_true")
+    args = parser.parse_args()
+    tok = tokenizer_named(args.tokenizer)
+    out = rates(tok, LoopSettings(), full=args.full, per_class=args.per_class, live=not args.no_live)
+    print(json.dumps(out, indent=1, default=str))

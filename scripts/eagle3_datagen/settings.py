@@ -159,6 +159,15 @@ def mode_totals(modes: list[str]) -> tuple[list[str], str]:
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
+def _eos_tokens(model: dict) -> tuple:
+    """model.eos_tokens, none of them a turn end too (a token either ends a turn or does not)."""
+    eos = tuple(model.get("eos_tokens") or ())
+    both = sorted(set(eos) & set(model.get("stop_tokens") or ()))
+    if both:
+        raise ValueError(f"model.eos_tokens and model.stop_tokens both name {both}: a token either ends a turn or not")
+    return eos
+
+
 @dataclass(frozen=True)
 class ModelProfile:
     """What the pipeline must know about the target model and its chat template."""
@@ -172,6 +181,7 @@ class ModelProfile:
     reasoning_start: str | None = "<think>"
     reasoning_end: str | None = None
     stop_tokens: tuple = ()
+    eos_tokens: tuple = ()  # stop generation without ending a turn (flagged unexpected_stop)
     prompt_only_tokens: tuple = ()
     reasoning_parser: str | None = None
     tool_call_parser: str | None = None
@@ -197,6 +207,7 @@ class ModelProfile:
             reasoning_start=model.get("reasoning_start", "<think>"),
             reasoning_end=model.get("reasoning_end"),
             stop_tokens=tuple(model.get("stop_tokens") or ()),
+            eos_tokens=_eos_tokens(model),
             prompt_only_tokens=tuple(model.get("prompt_only_tokens") or ()),
             reasoning_parser=model.get("reasoning_parser"),
             tool_call_parser=model.get("tool_call_parser"),

@@ -225,8 +225,49 @@ def test_the_command_takes_the_profile_and_loop_from_a_config(tmp_path, kimi, ki
     summary = main(args + ["--out", str(tmp_path / "a")])
     assert codes_by_line(tmp_path / "a")[0] == {1 + k: sorted(c) for k, c in enumerate(expected)}
     assert summary["against"]["tokenizer"] == str(kimi_tiktoken_dir)
-    # Without the config's quality.loop, the default loop (256 tokens) is longer than this row's.
+    # The config's eos_tokens name [EOS] once: a stop, not a turn end.
+    eos = tok.convert_tokens_to_ids("[EOS]")
+    assert summary["against"]["stop_ids_from"]["model.eos_tokens"] == [eos]
+    assert eos in summary["against"]["stop_ids"] and eos not in summary["against"]["turn_end_ids"]
+    # With the config's default loop: 256 tokens for a finished answer, but this span was cut while
+    # repeating one 2-token n-gram 30 times, which at a budget is a loop.
     config.pop("quality")
     (tmp_path / "kimi.yaml").write_text(yaml.safe_dump(config))
     main(args + ["--out", str(tmp_path / "b")])
-    assert codes_by_line(tmp_path / "b")[0][2] == ["span_without_stop"]
+    assert codes_by_line(tmp_path / "b")[0][2] == ["repetition_loop", "span_without_stop"]
+
+
+@pytest.mark.parametrize("generation_config", [True, False])
+def test_eos_tokens_on_the_command_line_are_stops_flagged_unexpected(tmp_path, qwen3_tokenizer_dir, generation_config):
+    """Qwen3's <|endoftext|> named with --eos-tokens: an answer that ends on it is an unexpected_stop,
+    with or without a generation_config.json beside the tokenizer; audit.json says which ids were which."""
+    import shutil
+
+    folder = tmp_path / "qwen3"
+    shutil.copytree(qwen3_tokenizer_dir, folder)
+    if generation_config:
+        (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
+    model = defaults("model", name="q", tokenizer=str(folder), context_length=4096, stop_tokens=["<|im_end|>"])
+    tok = load_tokenizer(ModelProfile.from_config(model))
+    im_end, endoftext = tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    prompt = tok.encode("user: what is 2 + 2? assistant:", add_special_tokens=False)
+    answer = tok.encode("It is 4.", add_special_tokens=False)
+    rows = [
+        {"input_ids": prompt + answer + end, "loss_mask": [0] * len(prompt) + [1] * (len(answer) + 1)}
+        for end in ([im_end], [endoftext])
+    ]
+    data = write_jsonl(tmp_path / "rows.jsonl", rows)
+    base = ["--data", str(data), "--tokenizer", str(folder), "--stop-tokens", "<|im_end|>"]
+    summary = main(base + ["--eos-tokens", "<|endoftext|>", "--out", str(tmp_path / "a")])
+    assert codes_by_line(tmp_path / "a")[0] == {1: [], 2: ["unexpected_stop"]}
+    against = summary["against"]
+    assert against["turn_end_ids"] == [im_end] and {im_end, endoftext} <= set(against["stop_ids"])
+    assert against["stop_ids_from"]["model.eos_tokens"] == [endoftext]
+    assert against["stop_ids_from"]["generation_config.json"] == (
+        sorted([im_end, endoftext]) if generation_config else None
+    )
+    # Without --eos-tokens, <|endoftext|> stops only where the model's files say so; elsewhere the span
+    # ends on no stop at all.
+    main(base + ["--out", str(tmp_path / "b")])
+    expected = ["unexpected_stop"] if generation_config else ["span_without_stop"]
+    assert codes_by_line(tmp_path / "b")[0][2] == expected

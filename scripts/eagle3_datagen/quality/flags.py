@@ -6,11 +6,15 @@
   still inside its reasoning: the reasoning was open when the output began (the prompt's generation
   prompt opened it: Kimi-K2.5's `<think>`) or the output opened it (Qwen3 writes its own `<think>`),
   and the output holds no reasoning end after that.
+- `stopped_in_reasoning`: the answer ended on a stop id while its reasoning was still open (as
+  `unfinished_reasoning` reads it): Kimi-K2.5's `<|im_end|>` before any `</think>`. The model ended
+  its turn without an answer, and its reasoning was never closed as the chat template closes it.
 - `empty_answer`: the reasoning closed, then nothing but whitespace before the stop token (a tool
   call is not whitespace, so an answer that is only a tool call is not empty).
-- `unexpected_stop`: the answer stopped on an end-of-sequence id that is not one of the profile's
-  turn ends (`model.stop_tokens`): e.g. Kimi-K2.5's `[EOS]`, which its config names beside
-  `<|im_end|>`; the turn was never closed as the chat template closes it.
+- `unexpected_stop`: the answer stopped on an id that stops generation but is not one of the profile's
+  turn ends (`model.stop_tokens`): one of `model.eos_tokens` (Qwen3's `<|endoftext|>`), or an eos the
+  model's files name beside the turn end (Kimi-K2.5's `[EOS]`); the turn was never closed as the
+  chat template closes it.
 
 Every decision reads token ids and the tokenizer's facts (`QualityFacts`, from the prompts table's
 provenance or, for `audit`, from the tokenizer); nothing is decoded to text and re-tokenized.
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 
 from eagle3_datagen.quality.loops import LoopSettings, find_loop
 
-CODES = ("repetition_loop", "unfinished_reasoning", "empty_answer", "unexpected_stop")
+CODES = ("repetition_loop", "unfinished_reasoning", "stopped_in_reasoning", "empty_answer", "unexpected_stop")
 POLICIES = ("keep", "quarantine")
 # Where the generation prompt sits: a reasoning opener or closer further back belongs to the history.
 PROMPT_TAIL = 64
@@ -34,7 +38,7 @@ class QualityFacts:
     """The ids the flags are read against."""
 
     turn_end_ids: frozenset  # model.stop_tokens: how a turn ends
-    stop_ids: frozenset  # every id the server stops on (turn ends, the tokenizer's and config's eos)
+    stop_ids: frozenset  # every id the server stops on (turn ends, model.eos_tokens, the model files' eos)
     reasoning_start_id: int | None = None
     reasoning_end_id: int | None = None
     whitespace_ids: frozenset = frozenset()  # ids whose text is whitespace only
@@ -42,7 +46,8 @@ class QualityFacts:
     @classmethod
     def from_token_facts(cls, facts: dict) -> "QualityFacts":
         """From `tokens.token_facts.token_facts` (the prompts table's provenance)."""
-        turn_ends = frozenset(facts.get("stop_token_ids") or ())
+        # Tables written before turn ends and eos were told apart sent the turn ends alone.
+        turn_ends = frozenset(facts.get("turn_end_ids", facts.get("stop_token_ids")) or ())
         stop_set = facts.get("stop_set") or {}
         return cls(
             turn_end_ids=turn_ends,
@@ -157,7 +162,7 @@ def row_flags(prompt_ids, output_ids, finish_type: str, facts: QualityFacts, loo
         detail = found.describe() if found else f"stopped as a loop while generated, after {n} tokens"
         flags.append(Flag("repetition_loop", f"{detail}; stopped while generated"))
     else:
-        found = find_loop(output_ids, loop, end=body_end)
+        found = find_loop(output_ids, loop, end=body_end, at_budget=finish_type == "length")
         if found is not None:
             flags.append(Flag("repetition_loop", found.describe()))
 
@@ -172,6 +177,13 @@ def row_flags(prompt_ids, output_ids, finish_type: str, facts: QualityFacts, loo
                     "inside the reasoning (no reasoning end)",
                 )
             )
+    if stopped and open_at_end:
+        flags.append(
+            Flag(
+                "stopped_in_reasoning",
+                f"stopped on id {output_ids[-1]} after {n} tokens inside the reasoning (no reasoning end)",
+            )
+        )
     if stopped and not open_at_end:
         empty = _empty_answer(output_ids, last_end, body_end, facts)
         if empty is not None:
@@ -181,8 +193,8 @@ def row_flags(prompt_ids, output_ids, finish_type: str, facts: QualityFacts, loo
         flags.append(
             Flag(
                 "unexpected_stop",
-                f"stopped on id {output_ids[-1]}, which is not a turn end of model.stop_tokens "
-                f"{sorted(facts.turn_end_ids)}",
+                f"stopped on id {output_ids[-1]}, which stops generation but is not a turn end of "
+                f"model.stop_tokens {sorted(facts.turn_end_ids)}",
             )
         )
     return flags

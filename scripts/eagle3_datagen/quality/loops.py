@@ -1,12 +1,28 @@
-"""Repetition loops in token ids: an output that ends in one n-gram repeated many times.
+"""Repetition loops in token ids: an output whose tail is dominated by one n-gram repeated many
+times, even where a few of its tokens differ (a model looping at temperature 1.0 wobbles).
 
-What is counted: the shortest period `p` (1 to `max_period` tokens) such that the output's last
-`covered` tokens repeat with period `p` (every token equals the one `p` before it), where `covered`
-holds the first copy too. A loop is flagged when `covered >= max(min_tokens, min_repeats * p)`:
-at least `min_tokens` tokens and at least `min_repeats` whole copies of the n-gram, ending the output.
-Repetition that changes from copy to copy (a table's rows, a numbered list, code whose lines differ
-in a name or a number) breaks the period and is never counted; a verbatim repeat (a chorus sung
-twice, a ruler of `=`) is counted only while it covers `min_tokens`.
+What is counted, for each period `p` (1 to `max_period` tokens): each token of the tail is compared
+with the tokens one and two periods before it. It *matches* when it equals either (so a token
+sampled off the loop costs one mismatch, not two: the copy after it still matches the copy before),
+and a mismatch is *systematic* when the tokens one and two periods before it were mismatches too
+(the same place differs in three copies running: a list's counter, a table's values, a times
+table's products), else *sporadic*. Each token scores +1 when it matches, `-(1 + a)` when it does
+not, and a further `-p` when its mismatch is systematic, with `a = (1 - 2m) / 2m` for
+`m = max_mismatch`: a stretch whose mismatches stay below twice `m` gains score, and any n-gram whose
+copies keep changing in one place loses at least a copy's worth per copy. The loop is the suffix of
+the output with the highest score; it is flagged when
+
+- it covers (with its first copy) at least `need(p)` tokens: `max(min_tokens, min_repeats * p)`
+  (256 tokens and four copies by default), and
+- at most `max_mismatch` (10 %) of its compared tokens mismatch, and its score is positive.
+
+An output cut by its budget (`at_budget`) ended inside whatever it was writing: a loop that began
+late had no room to cover 256 tokens, yet a legitimate text cut at a random point rarely ends in
+many copies of one short n-gram. There the loop needs only `min(need(p),
+max(min_tokens_at_budget, min_repeats_at_budget * p))`: 16 copies of an n-gram of up to 16 tokens.
+
+Cost: the periods are first screened on the last 16 tokens (one small matrix of comparisons); only
+the few whose tokens match there (at most `CANDIDATES`) are scored over the tail, vectorized.
 
 `find_loop` looks at a finished output; `LiveLoopWatch` is fed an output chunk by chunk as it is
 generated and reports the loop as soon as the output received so far ends in one covering twice the
@@ -15,8 +31,12 @@ tokens (`LoopSettings.live`), so that a loop costs the tokens up to its detectio
 """
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
+
+SCREEN = 16  # the last tokens every period is screened on
+CANDIDATES = 12  # periods scored at most, those with the fewest mismatches in the screen
 
 
 @dataclass(frozen=True)
@@ -26,43 +46,65 @@ class LoopSettings:
     min_tokens: int = 256
     min_repeats: int = 4
     max_period: int = 256
+    max_mismatch: float = 0.15
+    min_tokens_at_budget: int = 16
+    min_repeats_at_budget: int = 16
 
-    def need(self, period: int) -> int:
-        """Tokens a loop of this period must cover."""
-        return max(self.min_tokens, self.min_repeats * period)
+    def need(self, period: int, at_budget: bool = False) -> int:
+        """Tokens a loop of this period must cover (at the end of an output cut by its budget, or not)."""
+        need = max(self.min_tokens, self.min_repeats * period)
+        if at_budget:
+            need = min(need, max(self.min_tokens_at_budget, self.min_repeats_at_budget * period))
+        return need
 
     @property
     def window(self) -> int:
-        """The tail of an output that decides whether it ends in a loop."""
-        return self.need(self.max_period)
+        """The tail of an output that decides whether it ends in a loop (with the four periods
+        before it that its first tokens are compared with)."""
+        return self.need(self.max_period) + 4 * self.max_period
+
+    @property
+    def weight(self) -> float:
+        """What a sporadic mismatch costs beyond the match it is not: `a` of the module doc."""
+        return (1 - 2 * self.max_mismatch) / (2 * self.max_mismatch)
 
     def live(self) -> "LoopSettings":
         """The settings of the live stop: twice the tokens. A flag after the fact only sees how an
         output ended, while a stop mid-answer also cuts repetition that the answer would have left
         (an empty grid drawn for 300 tokens, then filled in): the stop waits for more evidence, and
         the output it stops is one the flag marks too."""
-        return LoopSettings(min_tokens=2 * self.min_tokens, min_repeats=self.min_repeats, max_period=self.max_period)
+        return LoopSettings(**{**self.to_json(), "min_tokens": 2 * self.min_tokens})
 
     def to_json(self) -> dict:
-        return {"min_tokens": self.min_tokens, "min_repeats": self.min_repeats, "max_period": self.max_period}
+        return {
+            "min_tokens": self.min_tokens,
+            "min_repeats": self.min_repeats,
+            "max_period": self.max_period,
+            "max_mismatch": self.max_mismatch,
+            "min_tokens_at_budget": self.min_tokens_at_budget,
+            "min_repeats_at_budget": self.min_repeats_at_budget,
+        }
 
 
 @dataclass(frozen=True)
 class Loop:
-    """A loop found at the end of an output: its period, the tokens it covers, where it starts."""
+    """A loop found at the end of an output: its period, the tokens it covers, where it starts, and
+    how many of its compared tokens differ from the copies before them."""
 
     period: int
     covered: int
     start: int
+    mismatches: int = 0
 
     @property
     def repeats(self) -> float:
         return self.covered / self.period
 
     def describe(self) -> str:
+        differ = f", {self.mismatches} of them off the n-gram" if self.mismatches else ""
         return (
             f"the last {self.covered} tokens repeat a {self.period}-token n-gram "
-            f"{self.repeats:.1f} times (from output token {self.start})"
+            f"{self.repeats:.1f} times (from output token {self.start}{differ})"
         )
 
 
@@ -70,43 +112,79 @@ def _as_array(ids) -> np.ndarray:
     return ids if isinstance(ids, np.ndarray) else np.asarray(ids, dtype=np.int64)
 
 
-def find_loop(ids, settings: LoopSettings, end: int | None = None) -> Loop | None:
-    """The loop `ids[:end]` ends in, with the shortest period, or None.
+@lru_cache(maxsize=8)
+def _screen_offsets(max_period: int) -> tuple[np.ndarray, np.ndarray]:
+    """(positions of the screen, counted back from the end, as a column; periods 1..max_period)."""
+    return np.arange(SCREEN, 0, -1)[:, None], np.arange(1, max_period + 1)
 
-    Cost: one comparison of the last token against the `max_period` before it, then, for each
-    period whose token matches (usually a handful), one vectorized comparison over the tokens a loop
-    of that period must cover; the run is measured backwards only for a period that is a loop."""
+
+def _candidates(x: np.ndarray, n: int, settings: LoopSettings, at_budget: bool) -> list[int]:
+    """The periods whose tokens equal the ones a period before in at least half of the last `SCREEN`
+    tokens, fewest mismatches first (at most `CANDIDATES`). A multiple of a period that passes is left
+    out unless it matches clearly better: a loop of period p matches at every multiple of p too, and a
+    few deviant tokens in the screen must not let those crowd p itself out."""
+    top = min(settings.max_period, n - 1)
+    back, periods = _screen_offsets(settings.max_period)
+    pos = n - back[: min(SCREEN, n - 1)]  # the screened positions, as a column
+    one = pos - periods[:top]
+    misses = len(pos) - ((one >= 0) & (x[pos] == x[np.maximum(one, 0)])).sum(axis=0)
+    kept: list[int] = []
+    for p in (np.flatnonzero(misses <= len(pos) // 2) + 1).tolist():
+        if settings.need(p, at_budget) > n:
+            break  # need grows with p
+        if not any(p % d == 0 and misses[d - 1] <= misses[p - 1] + 4 for d in kept):
+            kept.append(p)
+    kept.sort(key=lambda p: misses[p - 1])
+    return kept[:CANDIDATES]
+
+
+def _score(y: np.ndarray, p: int, weight: float) -> tuple[int, float, int]:
+    """(where the best-scoring suffix of `y` begins, its score, its deviant tokens) for period `p`."""
+    m = len(y)
+    agree = np.zeros(m, dtype=np.int8)  # neighbours (one and two copies away) equal to the token
+    seen = np.zeros(m, dtype=np.int8)  # neighbours there are
+    for k in (p, 2 * p):
+        if k < m:
+            same = y[k:] == y[:-k]
+            agree[k:] += same
+            agree[:-k] += same
+            seen[k:] += 1
+            seen[:-k] += 1
+    deviant = 2 * agree < seen  # fewer than half of its neighbours agree (none, at an end)
+    d = 1.0 - (1.0 + weight) * deviant
+    if m > 3 * p:  # charged where the run of deviant copies starts: the text before a loop starts none in it
+        d[: -3 * p] -= p * (deviant[: -3 * p] & deviant[p : -2 * p] & deviant[2 * p : -p] & deviant[3 * p :])
+    suffix = np.cumsum(d[::-1])[::-1]
+    best = int(np.argmax(suffix))
+    return best, float(suffix[best]), int(deviant[best:].sum())
+
+
+def find_loop(ids, settings: LoopSettings, end: int | None = None, at_budget: bool = False) -> Loop | None:
+    """The loop `ids[:end]` ends in, or None (`at_budget`: the output was cut by its budget).
+
+    Of the candidate periods that pass, the one whose loop scores highest (ties: the shortest); its
+    extent is then measured over the whole output, not only the tail that decided."""
     x = _as_array(ids)
     n = len(x) if end is None else end
-    if n < settings.min_tokens or n < 2:
+    if n < 2 or n < settings.need(1, at_budget):
         return None
-    # Periods p (1..max_period) with x[n-1] == x[n-1-p] and x[n-2] == x[n-2-p], shortest first.
-    top = min(settings.max_period, n - 2)
-    last = x[n - top - 1 : n - 1][::-1] == x[n - 1]
-    second = x[n - top - 2 : n - 2][::-1] == x[n - 2]
-    for p in (np.flatnonzero(last & second) + 1).tolist():
-        need = settings.need(p)
-        if need > n:
-            break  # need grows with p
-        if not (x[n - need + p : n] == x[n - need : n - p]).all():
-            continue
-        covered = need + _run_back(x, n - need, p)
-        return Loop(period=p, covered=covered, start=n - covered)
-    return None
-
-
-def _run_back(x: np.ndarray, stop: int, p: int) -> int:
-    """How many positions i < stop (going back from stop-1) still satisfy x[i] == x[i+p]."""
-    run, i, step = 0, stop, 1024
-    while i > 0:
-        lo = max(0, i - step)
-        eq = x[lo:i] == x[lo + p : i + p]
-        if eq.all():
-            run += i - lo
-            i = lo
-            continue
-        return run + (i - lo - 1 - int(np.flatnonzero(~eq)[-1]))
-    return run
+    lo = max(0, n - settings.window)
+    y = x[lo:n]
+    passed = {}
+    for p in _candidates(x, n, settings, at_budget):
+        start, score, mismatches = _score(y, p, settings.weight)
+        covered = len(y) - start
+        if score > 0 and mismatches <= settings.max_mismatch * covered and covered >= settings.need(p, at_budget):
+            passed[p] = score
+    if not passed:
+        return None
+    # A multiple of the period scores as well as the period itself, give or take the noise of a
+    # few deviant tokens: the shortest period that scores nearly the best is the loop's.
+    best = max(passed.values())
+    p = min(q for q, score in passed.items() if score >= 0.8 * best)
+    start, _, mismatches = _score(x[:n], p, settings.weight) if lo else _score(y, p, settings.weight)
+    covered = n - start
+    return Loop(period=p, covered=covered, start=n - covered, mismatches=mismatches)
 
 
 class LiveLoopWatch:
@@ -154,4 +232,4 @@ class LiveLoopWatch:
             return None
         # The tail holds only the window: a loop that fills it may run further back; its true
         # extent is measured when the whole output is looked at (find_loop on the finished row).
-        return Loop(period=loop.period, covered=loop.covered, start=self.n - loop.covered)
+        return Loop(loop.period, loop.covered, self.n - loop.covered, loop.mismatches)

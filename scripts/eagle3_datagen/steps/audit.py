@@ -10,7 +10,10 @@ tokenizer's facts (`tokens.token_facts`) and the config's `quality.loop`, and wr
 - `flags.jsonl`: one line per row, `{"line", "id", "flags": [{"code", "detail"}]}` (flags empty when
   the row is clean; `line` is the 1-based line of the JSONL file, or the row of the Parquet file);
 - `reasons.tsv`: per code, the rows it flags and their share of all rows; `reasons.png`, the same drawn;
-- `audit.json`: the rows read, the clean rows, the counts, and what the rows were judged against.
+- `audit.json`: the rows read, the clean rows, the counts, and what the rows were judged against:
+  the turn ends (`turn_end_ids`, from `--stop-tokens`), every id that stops generation (`stop_ids`:
+  those, `--eos-tokens`, and the eos of the tokenizer and of the model files beside it) and where
+  each came from (`stop_ids_from`).
 
 A line that is not JSON is a row flagged `unreadable_row`; the rest of the file is still audited.
 """
@@ -72,8 +75,10 @@ def audit_settings(model: dict, quality: dict | None = None, vocab_size: int | N
         "tokenizer": profile.tokenizer,
         "tokenizer_sha256": facts["tokenizer_sha256"],
         "vocab_size": size,
-        "stop_ids": sorted(settings.facts.stop_ids),
+        # Turn ends end an answer normally; every other stop id is an unexpected_stop.
         "turn_end_ids": sorted(settings.facts.turn_end_ids),
+        "stop_ids": sorted(settings.facts.stop_ids),
+        "stop_ids_from": facts["stop_set"]["sources"],
         "reasoning_start_id": settings.facts.reasoning_start_id,
         "reasoning_end_id": settings.facts.reasoning_end_id,
         "loop": loop.to_json(),
@@ -152,6 +157,7 @@ def model_section(args: argparse.Namespace, config: dict) -> dict:
     model.setdefault("context_length", 1 << 30)
     given = {
         "stop_tokens": args.stop_tokens,
+        "eos_tokens": args.eos_tokens,
         "reasoning_start": args.reasoning_start,
         "reasoning_end": args.reasoning_end,
     }
@@ -171,6 +177,11 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", help="the tokenizer folder (overrides the config's model.tokenizer)")
     p.add_argument("--vocab-size", type=int, help="ids must be below this (default: the tokenizer's length)")
     p.add_argument("--stop-tokens", nargs="+", help="tokens that end a turn (model.stop_tokens)")
+    p.add_argument(
+        "--eos-tokens",
+        nargs="+",
+        help="tokens that stop generation without ending a turn, flagged unexpected_stop (model.eos_tokens)",
+    )
     p.add_argument("--reasoning-start", help="the token that opens the reasoning (model.reasoning_start)")
     p.add_argument("--reasoning-end", help="the token that ends the reasoning (model.reasoning_end)")
     p.add_argument("--trust-remote-code", action="store_true", help="load a tokenizer that ships its own code")

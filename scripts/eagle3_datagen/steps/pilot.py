@@ -177,7 +177,7 @@ def row_quality(row: dict, facts: QualityFacts, quality: QualitySettings) -> tup
         return codes, n, max(n, int(row["max_new_tokens"] or 0))
     if "repetition_loop" in codes:
         stopped = finish == "stop" and n > 0 and output_ids[-1] in facts.stop_ids
-        loop = find_loop(output_ids, quality.loop, end=n - 1 if stopped else n)
+        loop = find_loop(output_ids, quality.loop, end=n - 1 if stopped else n, at_budget=finish == "length")
         if loop is not None:
             return codes, min(n, loop.start + quality.loop.need(loop.period) + quality.stream_interval), n
     return codes, n, n

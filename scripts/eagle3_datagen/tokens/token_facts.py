@@ -21,7 +21,7 @@ MODEL_CONFIG_FILES = ("config.json", "generation_config.json")
 class StopSet:
     """Every id a SGLang server stops a request on, and where each came from.
 
-    `sources` maps what named them (`model.stop_tokens`, `tokenizer.eos_token`, `config.json`,
+    `sources` maps what named them (`model.stop_tokens`, `model.eos_tokens`, `tokenizer.eos_token`, `config.json`,
     `generation_config.json`, `additional_stop_tokens`) to their ids, and to None for a model file
     that is missing beside the tokenizer: then only the rest is known."""
 
@@ -58,6 +58,8 @@ def stop_set(tokenizer, profile: ModelProfile) -> StopSet:
     Kimi-K2.5's tokenizer eos is `[EOS]` while its turns end with `<|im_end|>`, so an answer can end
     on either, and every check and the chat layer's trimming must know both."""
     sources: dict = {"model.stop_tokens": token_ids(tokenizer, profile.stop_tokens)}
+    if profile.eos_tokens:
+        sources["model.eos_tokens"] = token_ids(tokenizer, profile.eos_tokens)
     eos = tokenizer.eos_token_id
     if eos is not None:
         sources["tokenizer.eos_token"] = [int(eos)]
@@ -80,8 +82,10 @@ def token_facts(tokenizer, profile: ModelProfile) -> dict:
     """
     return {
         **tokenizer_fingerprint(tokenizer),
-        # Sent as the request's stop_token_ids; the server stops on `stop_set` (these and the model's eos).
-        "stop_token_ids": token_ids(tokenizer, profile.stop_tokens),
+        # Sent as the request's stop_token_ids: the turn ends and the eos the profile names; the server
+        # stops on `stop_set` (these and the model files' eos). Only the turn ends end a turn normally.
+        "stop_token_ids": token_ids(tokenizer, profile.stop_tokens + profile.eos_tokens),
+        "turn_end_ids": token_ids(tokenizer, profile.stop_tokens),
         "stop_set": stop_set(tokenizer, profile).to_json(),
         "prompt_suffix_ids": token_ids(tokenizer, profile.prompt_suffix),
         "prompt_only_ids": token_ids(tokenizer, profile.prompt_only_tokens),
