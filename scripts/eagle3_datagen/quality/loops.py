@@ -112,10 +112,23 @@ def _as_array(ids) -> np.ndarray:
     return ids if isinstance(ids, np.ndarray) else np.asarray(ids, dtype=np.int64)
 
 
+def _screen(x: np.ndarray, n: int, top: int) -> dict[int, int]:
+    """Per period 1..top that one of the last 4 tokens of `x[:n]` repeats from a period before: how
+    many of the last `SCREEN` tokens differ from the token a period before them. (A loop whose last
+    4 tokens all differ from the copy before is seen a chunk later, or not at all where its tokens
+    are so far off their n-gram.)"""
+    back = _back(top)
+    periods = np.flatnonzero((x[n - 4 : n, None] == x[n + back[-4:]]).any(axis=0)) + 1
+    k = min(SCREEN, n - top)
+    before = x[n + back[-k:, periods - 1]]
+    misses = k - np.count_nonzero(x[n - k : n, None] == before, axis=0)
+    return dict(zip(periods.tolist(), misses.tolist()))
+
+
 @lru_cache(maxsize=8)
-def _screen_offsets(max_period: int) -> tuple[np.ndarray, np.ndarray]:
-    """(positions of the screen, counted back from the end, as a column; periods 1..max_period)."""
-    return np.arange(SCREEN, 0, -1)[:, None], np.arange(1, max_period + 1)
+def _back(top: int) -> np.ndarray:
+    """[r, p - 1]: the offset from the end of the token a period p before the screen's row r."""
+    return np.arange(-SCREEN, 0)[:, None] - np.arange(1, top + 1)
 
 
 def _candidates(x: np.ndarray, n: int, settings: LoopSettings, at_budget: bool) -> list[int]:
@@ -123,18 +136,19 @@ def _candidates(x: np.ndarray, n: int, settings: LoopSettings, at_budget: bool) 
     tokens, fewest mismatches first (at most `CANDIDATES`). A multiple of a period that passes is left
     out unless it matches clearly better: a loop of period p matches at every multiple of p too, and a
     few deviant tokens in the screen must not let those crowd p itself out."""
-    top = min(settings.max_period, n - 1)
-    back, periods = _screen_offsets(settings.max_period)
-    pos = n - back[: min(SCREEN, n - 1)]  # the screened positions, as a column
-    one = pos - periods[:top]
-    misses = len(pos) - ((one >= 0) & (x[pos] == x[np.maximum(one, 0)])).sum(axis=0)
+    top = min(settings.max_period, n - SCREEN)
+    if top < 1:
+        return []
+    misses = _screen(x, n, top)
     kept: list[int] = []
-    for p in (np.flatnonzero(misses <= len(pos) // 2) + 1).tolist():
+    for p, miss in misses.items():
+        if 2 * miss > SCREEN:
+            continue
         if settings.need(p, at_budget) > n:
             break  # need grows with p
-        if not any(p % d == 0 and misses[d - 1] <= misses[p - 1] + 4 for d in kept):
+        if not any(p % d == 0 and misses[d] <= miss + 4 for d in kept):
             kept.append(p)
-    kept.sort(key=lambda p: misses[p - 1])
+    kept.sort(key=misses.get)
     return kept[:CANDIDATES]
 
 
@@ -162,19 +176,28 @@ def _score(y: np.ndarray, p: int, weight: float) -> tuple[int, float, int]:
 def find_loop(ids, settings: LoopSettings, end: int | None = None, at_budget: bool = False) -> Loop | None:
     """The loop `ids[:end]` ends in, or None (`at_budget`: the output was cut by its budget).
 
-    Of the candidate periods that pass, the one whose loop scores highest (ties: the shortest); its
-    extent is then measured over the whole output, not only the tail that decided."""
+    Of the candidate periods that pass, the shortest whose loop scores nearly the highest; its extent
+    is then measured over the whole output, not only the tail that decided."""
     x = _as_array(ids)
     n = len(x) if end is None else end
     if n < 2 or n < settings.need(1, at_budget):
         return None
+    return _judge(x, n, _candidates(x, n, settings, at_budget), settings, at_budget)
+
+
+def _judge(x: np.ndarray, n: int, candidates: list[int], settings: LoopSettings, at_budget: bool) -> Loop | None:
     lo = max(0, n - settings.window)
     y = x[lo:n]
+    m = len(y)
     passed = {}
-    for p in _candidates(x, n, settings, at_budget):
+    for p in candidates:
+        need = settings.need(p, at_budget)
+        # A loop's last `need` tokens equal the copy before them but where one of the two is off the
+        # n-gram: at least 1 - 2 * max_mismatch of them. Cheaper than scoring, and most candidates fail it.
+        if (y[m - need + p :] == y[m - need : m - p]).sum() < (1 - 2 * settings.max_mismatch) * (need - p) - 2:
+            continue
         start, score, mismatches = _score(y, p, settings.weight)
-        covered = len(y) - start
-        if score > 0 and mismatches <= settings.max_mismatch * covered and covered >= settings.need(p, at_budget):
+        if score > 0 and mismatches <= settings.max_mismatch * (m - start) and m - start >= need:
             passed[p] = score
     if not passed:
         return None
@@ -183,8 +206,7 @@ def find_loop(ids, settings: LoopSettings, end: int | None = None, at_budget: bo
     best = max(passed.values())
     p = min(q for q, score in passed.items() if score >= 0.8 * best)
     start, _, mismatches = _score(x[:n], p, settings.weight) if lo else _score(y, p, settings.weight)
-    covered = n - start
-    return Loop(period=p, covered=covered, start=n - covered, mismatches=mismatches)
+    return Loop(period=p, covered=n - start, start=start, mismatches=mismatches)
 
 
 class LiveLoopWatch:
@@ -193,7 +215,10 @@ class LiveLoopWatch:
     stopped), else None.
 
     Only the last `window` tokens decide, so the watch keeps only those (and the count): its memory
-    and its work per chunk stay the same however long the output grows."""
+    and its work per chunk stay the same however long the output grows. Where no period passes the
+    screen, the tail is no loop, and a loop beginning after it cannot cover `need(1)` tokens before
+    `need(1) - SCREEN` more have come: the watch looks again only then, so most chunks of an answer
+    that is not looping cost one append."""
 
     def __init__(self, settings: LoopSettings):
         self.settings = settings.live()
@@ -201,6 +226,7 @@ class LiveLoopWatch:
         self._buf = np.zeros(4 * self.window, dtype=np.int64)  # the tail, appended in place
         self._end = 0
         self.n = 0  # tokens fed so far
+        self._quiet_until = self.settings.min_tokens  # no loop can be seen before this many tokens
 
     @property
     def tail(self) -> np.ndarray:
@@ -225,9 +251,14 @@ class LiveLoopWatch:
             return None
         self._append(_as_array(chunk))
         self.n += len(chunk)
-        if self.n < self.settings.min_tokens:
+        if self.n < self._quiet_until:
             return None
-        loop = find_loop(self.tail, self.settings)
+        tail = self.tail
+        candidates = _candidates(tail, len(tail), self.settings, False)
+        if not candidates:
+            self._quiet_until = self.n + self.settings.need(1) - SCREEN
+            return None
+        loop = _judge(tail, len(tail), candidates, self.settings, False)
         if loop is None:
             return None
         # The tail holds only the window: a loop that fills it may run further back; its true
