@@ -225,9 +225,9 @@ def test_the_command_takes_the_profile_and_loop_from_a_config(tmp_path, kimi, ki
     summary = main(args + ["--out", str(tmp_path / "a")])
     assert codes_by_line(tmp_path / "a")[0] == {1 + k: sorted(c) for k, c in enumerate(expected)}
     assert summary["against"]["tokenizer"] == str(kimi_tiktoken_dir)
-    # The config's eos_tokens name [EOS] once: a stop, not a turn end.
+    # [EOS], the tokenizer's eos, stops generation but ends no turn.
     eos = tok.convert_tokens_to_ids("[EOS]")
-    assert summary["against"]["stop_ids_from"]["model.eos_tokens"] == [eos]
+    assert summary["against"]["stop_ids_from"]["tokenizer.eos_token"] == [eos]
     assert eos in summary["against"]["stop_ids"] and eos not in summary["against"]["turn_end_ids"]
     # With the config's default loop: 256 tokens for a finished answer, but this span was cut while
     # repeating one 2-token n-gram 30 times, which at a budget is a loop.

@@ -48,8 +48,8 @@ def test_loops_and_near_loops_of_every_class_are_flagged(corpus):
     for (onset, rate), hits in classes.items():
         if onset != "late_any" and rate <= 0.05:
             assert sum(hits) >= GOAL * len(hits), (onset, rate, sum(hits), len(hits))
-    # Past 5 % the evidence thins out, but a loop with one token in ten swapped is still mostly seen.
-    assert sum(classes[("early", 0.1)]) >= 0.7 * len(classes[("early", 0.1)])
+    # A fifth of the tokens swapped is past what max_mismatch allows: text, not a loop.
+    assert sum(classes[("early", 0.2)]) <= 0.05 * len(classes[("early", 0.2)])
 
 
 def test_legitimate_repetition_is_not_flagged_nor_stopped(corpus):

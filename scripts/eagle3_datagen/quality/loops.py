@@ -46,7 +46,7 @@ class LoopSettings:
     min_tokens: int = 256
     min_repeats: int = 4
     max_period: int = 256
-    max_mismatch: float = 0.15
+    max_mismatch: float = 0.1
     min_tokens_at_budget: int = 16
     min_repeats_at_budget: int = 16
 
