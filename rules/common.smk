@@ -54,14 +54,15 @@ def get_param(name):
     return value
 
 
-def get_generate_gpus(wildcards, input):
-    """GPUs of a generate job: none when its plan has nothing to send."""
-    return wf.generate_gpus(config["engine"], input.plan)
+def get_server_resource(name):
+    """A resource (gpu, gres, nodes) of a job that launches the server; a generate job whose plan has
+    nothing to send asks for no GPU."""
 
+    def value(wildcards, input):
+        return wf.server_resources(config["engine"], getattr(input, "plan", None))[name]
 
-def get_server_gpus(wildcards):
-    """GPUs of a job that launches the server (the pilot's: it always has work)."""
-    return wf.server_gpus(config["engine"])
+    value.__name__ = f"get_server_{name}"
+    return value
 
 
 def get_generate_job(wildcards):

@@ -15,7 +15,9 @@ rule pilot_generate:
         "../envs/engine.yaml"
     threads: get_generate_cpus
     resources:
-        gpu=get_server_gpus,
+        gpu=get_server_resource("gpu"),
+        gres=get_server_resource("gres"),
+        nodes=get_server_resource("nodes"),
         mem_mb=get_generate_mem_mb,
         runtime=get_generate_runtime,
     params:

@@ -177,6 +177,18 @@ def slurm_cluster(tmp_path_factory):
         yield state
 
 
+@pytest.fixture(scope="module")
+def two_node_cluster(tmp_path_factory):
+    """A running SLURM cluster of two nodes, node1 and node2 (8 CPUs, 2 fake GPUs each), each in
+    network, UTS and mount namespaces of its own, for the module (tests/slurm_cluster.py)."""
+    from slurm_cluster import running_cluster
+
+    if os.geteuid() != 0:
+        pytest.skip("starting SLURM's daemons and the nodes' namespaces needs root")
+    with running_cluster(tmp_path_factory.mktemp("slurm2"), nodes=2) as state:
+        yield state
+
+
 QWEN3_MODEL = {
     "name": "qwen3-test",
     "stop_tokens": ["<|im_end|>"],

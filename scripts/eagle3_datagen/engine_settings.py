@@ -15,6 +15,8 @@ from eagle3_datagen.settings import defaults
 # server for this pipeline needs none), auto-truncation silently cuts prompts, and without the
 # tokenizer the server cannot check what it is given.
 REFUSED_SGLANG_FLAGS = ("--reasoning-parser", "--tool-call-parser", "--allow-auto-truncate", "--skip-tokenizer-init")
+# Flags the job sets itself for a server across nodes (engine.sglang.nodes): each rank's are its own.
+NODE_FLAGS = ("--nnodes", "--node-rank", "--dist-init-addr", "--dist-timeout")
 
 
 def check_extra_args(args) -> None:
@@ -23,6 +25,12 @@ def check_extra_args(args) -> None:
     if bad:
         raise ValueError(
             f"engine.sglang.extra_args: {', '.join(bad)} would reshape or cut the generated data; remove it"
+        )
+    placed = [a for a in args if str(a).split("=", 1)[0] in NODE_FLAGS]
+    if placed:
+        raise ValueError(
+            f"engine.sglang.extra_args: {', '.join(placed)}: the job sets these for each rank; give the "
+            "number of nodes as engine.sglang.nodes (and engine.sglang.dist_timeout_s)"
         )
 
 
@@ -46,6 +54,9 @@ class SGLangServer:
     mem_fraction_static: float | None
     extra_args: tuple[str, ...]
     env: tuple[tuple[str, str], ...]  # (name, value as text), in the config's order
+    nodes: int = 1
+    dist_init_interface: str | None = None
+    dist_timeout_s: int | None = 600
 
     kind = "sglang"
     launched = True
@@ -53,10 +64,16 @@ class SGLangServer:
 
     def __post_init__(self):
         check_extra_args(self.extra_args)
+        if self.tp_size % self.nodes:
+            raise ValueError(
+                f"engine.sglang.tp_size {self.tp_size} is not a multiple of engine.sglang.nodes {self.nodes}: "
+                "each node holds the same number of GPUs"
+            )
 
     @property
     def gpus(self) -> int:
-        return self.tp_size
+        """GPUs on each node of the server."""
+        return self.tp_size // self.nodes
 
     def fingerprint(self) -> dict:
         return {"kind": self.kind}
@@ -150,8 +167,13 @@ class EngineSettings:
 
     @property
     def gpus(self) -> int:
-        """GPUs of the server a job launches (none for external servers: they are not the job's)."""
+        """GPUs on each node of the server a job launches (none for external servers: they are not the job's)."""
         return int(self.server.gpus)
+
+    @property
+    def nodes(self) -> int:
+        """Nodes of the server a job launches."""
+        return int(getattr(self.server, "nodes", 1))
 
     def fingerprint(self) -> dict:
         """What identifies the server's answers before it starts, beside the model's name (the

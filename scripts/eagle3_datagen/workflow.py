@@ -249,18 +249,18 @@ def plan_sends(plan_file: str | Path) -> bool:
     return json.loads(Path(plan_file).read_text())["to_send"] > 0
 
 
-def generate_gpus(engine: dict, plan_file: str | Path) -> int:
-    """GPUs a generate job asks for: the launched server's, and none when nothing is left to send."""
+def server_resources(engine: dict, plan_file: str | Path | None = None) -> dict:
+    """What a job that launches the server asks SLURM for: `gpu` (a one-node server's GPUs), or,
+    for a server across nodes, `gres` (gpu:N on each node: a job-wide --gpus could pile them on one
+    node) and `nodes`. Nothing but one node when the plan has nothing left to send."""
     import json
 
-    if json.loads(Path(plan_file).read_text())["to_send"] == 0:
-        return 0
-    return server_gpus(engine)
-
-
-def server_gpus(engine: dict) -> int:
-    """GPUs of the server a job launches (the pilot's jobs always have work)."""
-    return EngineSettings.from_config(engine).gpus
+    settings = EngineSettings.from_config(engine)
+    if plan_file is not None and json.loads(Path(plan_file).read_text())["to_send"] == 0:
+        return {"gpu": 0, "gres": "", "nodes": 1}
+    if settings.nodes > 1:
+        return {"gpu": 0, "gres": f"gpu:{settings.gpus}" if settings.gpus else "", "nodes": settings.nodes}
+    return {"gpu": settings.gpus, "gres": "", "nodes": 1}
 
 
 def model_weights(engine: dict) -> list[str]:

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs Debian's SLURM (controller, node daemon, client) and munge for the single-node test
-# cluster of tests/slurm/start_slurm.sh. A no-op when they are already installed. Needs root.
+# Installs Debian's SLURM (controller, node daemon, client) and munge for the test cluster of
+# tests/slurm/start_slurm.sh, and iproute2 for its multi-node form (ip: the bridge, the nodes'
+# network namespaces; nsenter and unshare are util-linux's, always there). A no-op when they are
+# already installed. Needs root.
 set -euo pipefail
 
-packages=(slurmctld slurmd slurm-client munge)
+packages=(slurmctld slurmd slurm-client munge iproute2)
 
 missing=()
 for pkg in "${packages[@]}"; do

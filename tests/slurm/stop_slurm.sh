@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stops the cluster that tests/slurm/start_slurm.sh started in STATE_DIR: cancels the jobs left,
-# stops slurmd, slurmctld (and munged, when start_slurm.sh started it) by their PID files and
-# removes the /etc/slurm links into STATE_DIR. Stopping a stopped cluster is fine.
+# stops slurmd (every node's), slurmctld (and munged, when start_slurm.sh started it) by their PID files and
+# removes the /etc/slurm links into STATE_DIR and a multi-node cluster's network. Stopping a stopped cluster is fine.
 set -uo pipefail
 
 if [ "$#" -ne 1 ]; then
@@ -62,7 +62,12 @@ if alive "$ctld_pid" && command -v squeue >/dev/null; then
     fi
 fi
 
-stop_daemons "$D/slurmd.pid" "$D/slurmctld.pid"
+stop_daemons "$D"/slurmd*.pid "$D/slurmctld.pid"
+if [ -f "$D/network" ]; then
+    # shellcheck source=tests/slurm/nodes.sh
+    . "$(dirname "$0")/nodes.sh"
+    teardown_network
+fi
 if [ -f "$D/munged.started" ]; then
     stop_daemons /run/munge/munged.pid
     rm -f "$D/munged.started"

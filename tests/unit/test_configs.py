@@ -296,3 +296,20 @@ def test_a_mode_whose_floor_is_above_its_budget_is_refused_before_any_job(tmp_pa
     message = str(refused.value)
     assert f"{path}:2: mode 'instant': min_new_tokens 1024 is above max_new_tokens 512" in message
     assert workflow.BUDGET_PRECEDENCE in message
+
+
+def test_the_two_node_kimi_overlay_asks_for_two_nodes_of_eight_gpus(tmp_path):
+    """config/kimi-k2.5-2node.yaml laid over config/kimi-k2.5.yaml, as Snakemake merges them: one
+    server across two 8-GPU nodes, each generate job asking SLURM for both."""
+    from snakemake.utils import update_config
+
+    from eagle3_datagen.workflow import server_resources
+
+    config = yaml.safe_load((ROOT / "config" / "kimi-k2.5.yaml").read_text())
+    update_config(config, yaml.safe_load((ROOT / "config" / "kimi-k2.5-2node.yaml").read_text()))
+    validate_config(config)
+    check_engine(config["engine"])
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"to_send": 1}')
+    assert server_resources(config["engine"], plan) == {"gpu": 0, "gres": "gpu:8", "nodes": 2}
+    assert config["engine"]["sglang"]["extra_args"] == ["--enable-metrics"]  # the base config's, kept

@@ -11,7 +11,7 @@ import pytest
 from eagle3_datagen.generation.launch import local_engine_command, server_env, sglang_command
 from eagle3_datagen.generation.redact import is_secret_name, redact, redact_command
 from eagle3_datagen.settings import defaults
-from eagle3_datagen.workflow import check_engine, generate_gpus
+from eagle3_datagen.workflow import check_engine, server_resources
 from polling import wait_until
 
 SGLANG = defaults(
@@ -122,11 +122,13 @@ def test_the_local_engine_takes_test_options_from_the_environment_only(monkeypat
 def test_gpus_follow_tensor_parallel_size_and_the_plan(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"to_send": 5}))
-    assert generate_gpus(SGLANG, plan) == 8
-    assert generate_gpus(defaults("engine", kind="local", local={"backend": "scripted", "gpus": 1}), plan) == 1
-    assert generate_gpus({"kind": "external", "external": {"urls": ["http://x"]}}, plan) == 0
+    assert server_resources(SGLANG, plan)["gpu"] == 8
+    assert (
+        server_resources(defaults("engine", kind="local", local={"backend": "scripted", "gpus": 1}), plan)["gpu"] == 1
+    )
+    assert server_resources({"kind": "external", "external": {"urls": ["http://x"]}}, plan)["gpu"] == 0
     plan.write_text(json.dumps({"to_send": 0}))
-    assert generate_gpus(SGLANG, plan) == 0  # nothing to send: no GPU held
+    assert server_resources(SGLANG, plan)["gpu"] == 0  # nothing to send: no GPU held
 
 
 def test_the_watchdog_stops_the_server_when_its_job_dies(tmp_path):

@@ -24,8 +24,14 @@ from eagle3_datagen.settings import ModelProfile, defaults
 from polling import wait_until
 
 
-def sglang(tp_size=1, extra=(), model_path="/m"):
-    block = {"python": "python", "model_path": model_path, "tp_size": tp_size, "extra_args": list(extra)}
+def sglang(tp_size=1, extra=(), model_path="/m", nodes=1):
+    block = {
+        "python": "python",
+        "model_path": model_path,
+        "tp_size": tp_size,
+        "extra_args": list(extra),
+        "nodes": nodes,
+    }
     return EngineSettings.from_config({"kind": "sglang", "sglang": block}).server
 
 
@@ -81,9 +87,9 @@ def test_enough_gpus_a_cpu_server_another_device_or_an_unknown_node_are_not_refu
     check_gpus(sglang(tp_size=4), {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, dev(8))
     for extra in (["--device", "cpu"], ["--device=cpu"], ["--device", "npu"]):
         check_gpus(sglang(tp_size=8, extra=extra), {"CUDA_VISIBLE_DEVICES": ""}, dev(0))
-    check_gpus(sglang(tp_size=16, extra=["--nnodes", "2"]), {}, dev(8))  # 8 a node
+    check_gpus(sglang(tp_size=16, nodes=2), {}, dev(8))  # 8 a node
     with pytest.raises(RuntimeError, match="needs 8 GPUs"):
-        check_gpus(sglang(tp_size=16, extra=["--nnodes", "2", "--device", "cuda"]), {}, dev(4))
+        check_gpus(sglang(tp_size=16, nodes=2, extra=["--device", "cuda"]), {}, dev(4))
     rocm = tmp_path / "rocm"
     rocm.mkdir()
     (rocm / "kfd").touch()

@@ -56,6 +56,26 @@ def sglang_command(
     return cmd + extra
 
 
+def node_args(engine: EngineSettings | dict, *, rank: int, dist_init_addr: str) -> list[str]:
+    """The flags that make a launch one rank of a server across `engine.sglang.nodes` nodes."""
+    sglang = EngineSettings.of(engine).server
+    args = ["--nnodes", str(sglang.nodes), "--node-rank", str(rank), "--dist-init-addr", dist_init_addr]
+    if sglang.dist_timeout_s is not None:
+        args += ["--dist-timeout", str(sglang.dist_timeout_s)]
+    return args
+
+
+def api_key(engine: EngineSettings | dict) -> str | None:
+    """The server's API key, from the environment variable the config names (never from the config)."""
+    name = EngineSettings.of(engine).api_key_env
+    if not name:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise RuntimeError(f"engine.api_key_env names {name}, but that environment variable is not set")
+    return key
+
+
 def server_env(extra) -> dict:
     """The launched server's environment: the job's own, with `engine.sglang.env` (a mapping, or
     its (name, value) pairs) on top, values as text. Only the names are logged: values may hold

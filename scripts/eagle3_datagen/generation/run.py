@@ -21,6 +21,7 @@ from eagle3_datagen.generation.assemble import (
 from eagle3_datagen.generation.client import GenerateClient, ServerDied, run_loop
 from eagle3_datagen.generation.identity import AnswerCheck, ServerMismatch, check_model_info
 from eagle3_datagen.generation.journal import Journal, loop_rows
+from eagle3_datagen.generation.launch import api_key
 from eagle3_datagen.generation.planning import (
     Plan,
     make_builder,
@@ -29,7 +30,7 @@ from eagle3_datagen.generation.planning import (
 )
 from eagle3_datagen.generation.progress import Publisher, ShardProgress
 from eagle3_datagen.generation.server_info import seeds_honoured, server_provenance, streams_incrementally
-from eagle3_datagen.generation.servers import api_key, job_facts, servers, terminate_on_sigterm
+from eagle3_datagen.generation.servers import job_facts, servers, terminate_on_sigterm
 from eagle3_datagen.generation.streaming import LiveStop
 from eagle3_datagen.generation.turns import TurnBuilder, follower
 from eagle3_datagen.quality.flags import QualitySettings
@@ -192,7 +193,7 @@ def _send_plan(
                 )
         except ServerDied as exc:
             raise ServerDied(
-                f"{category}: {exc}; its log is {server_log}. The journal {journal.path} keeps "
+                f"{category}: {exc}; {srv.death(server_log)}. The journal {journal.path} keeps "
                 "every finished row: rerun to resume."
             ) from None
         except ServerMismatch as exc:

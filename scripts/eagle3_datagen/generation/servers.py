@@ -24,13 +24,16 @@ from pathlib import Path
 
 from eagle3_datagen.engine_settings import EngineSettings, SGLangServer
 from eagle3_datagen.generation.launch import local_engine_command, server_env, sglang_command
+from eagle3_datagen.generation.nodes import across_nodes
 from eagle3_datagen.generation.redact import redact_command
-from eagle3_datagen.generation.startup import (
+from eagle3_datagen.generation.startup import (  # noqa: F401 (ServerError, log_tail: this module's API too)
+    ServerError,
     cause,
     check_gpus,
     check_model_path,
     exit_text,
     last_error,
+    log_tail,
     port_free,
     port_owner,
     user_port,
@@ -40,23 +43,10 @@ from eagle3_datagen.settings import ModelProfile
 log = logging.getLogger(__name__)
 
 
-class ServerError(RuntimeError):
-    pass
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def log_tail(path: Path, lines: int = 30, width: int = 400) -> str:
-    """The log's last lines, each cut at `width` characters (SGLang logs all its arguments on one line)."""
-    try:
-        text = Path(path).read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(line if len(line) <= width else line[:width] + " [...]" for line in text[-lines:])
 
 
 # Exit codes of a server stopped by SIGTERM: killed by the signal (-15), its shell convention
@@ -107,6 +97,7 @@ class ManagedServer:
         env: dict | None = None,
         describe=None,
         label: str = "the server",
+        watch=None,
     ):
         self.cmd = cmd
         self.port = port
@@ -116,6 +107,7 @@ class ManagedServer:
         self.env = env
         self.describe = describe or (lambda code, tail: last_error(tail))
         self.label = label
+        self.watch = watch  # called while it starts: the cause of a failure elsewhere (another rank), or None
         self.proc: subprocess.Popen | None = None
         self.port_note = ""  # what the message adds when the port is taken (a retry's history)
 
@@ -169,6 +161,8 @@ class ManagedServer:
                 raise self._failed(f"port {self.port} is in use by another process{self.port_note}", PortTaken)
             if code is not None:
                 raise self._failed(self.describe(code, log_tail(self.log_path, 200)))
+            if self.watch is not None and (elsewhere := self.watch()):
+                raise self._failed(elsewhere)
             try:
                 with urllib.request.urlopen(f"{self.url}/health", timeout=5) as resp:
                     if resp.status == 200:
@@ -227,24 +221,19 @@ def terminate_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def api_key(engine: EngineSettings | dict) -> str | None:
-    """The server's API key, from the environment variable the config names (never from the config)."""
-    name = EngineSettings.of(engine).api_key_env
-    if not name:
-        return None
-    key = os.environ.get(name)
-    if not key:
-        raise RuntimeError(f"engine.api_key_env names {name}, but that environment variable is not set")
-    return key
-
-
 @dataclass
 class Servers:
     urls: list[str]
     managed: ManagedServer | None = None
+    ranks: object = None  # nodes.Ranks: the other ranks of a server across nodes
 
     def alive(self) -> bool:
-        return self.managed is None or self.managed.alive()
+        return (self.managed is None or self.managed.alive()) and (self.ranks is None or self.ranks.alive())
+
+    def death(self, log_path: Path) -> str:
+        """Where to look after the server died: its log, or the rank that died first and its log's end."""
+        first = self.ranks.first_death() if self.ranks is not None else None
+        return first or f"its log is {log_path}"
 
 
 @contextmanager
@@ -265,6 +254,18 @@ def servers(
     engine = EngineSettings.of(engine)
     if not engine.server.launched:
         yield Servers(list(engine.server.urls))
+        return
+    if engine.nodes > 1:  # rank 0 here, launched as any server is; the other ranks: `nodes`
+        port = user_port(list(engine.server.extra_args)) or free_port()
+        with across_nodes(
+            engine, port=port, profile=profile, log_path=log_path, key=key, streaming=incremental_streaming
+        ) as ranks:
+            ranks.head = _managed_server(
+                engine, profile, port=port, log_path=log_path, key=key, streaming=incremental_streaming,
+                rank_args=ranks.head_args, watch=ranks.failed_rank,
+            )  # fmt: skip
+            with ranks.head as url:
+                yield Servers([url], ranks.head, ranks)
         return
     fixed = None
     if isinstance(engine.server, SGLangServer):
@@ -301,15 +302,17 @@ def servers(
 
 
 def _managed_server(
-    engine: EngineSettings, profile: ModelProfile, *, port: int, log_path: Path, key: str | None, streaming: bool
-) -> ManagedServer:
-    """The launched server of `engine` (kind sglang or local), listening on `port`, not yet started."""
+    engine: EngineSettings, profile: ModelProfile, *, port: int, log_path: Path, key: str | None, streaming: bool,
+    rank_args: tuple[str, ...] = (), watch=None,
+) -> ManagedServer:  # fmt: skip
+    """The launched server of `engine` (kind sglang or local), listening on `port`, not yet started
+    (`rank_args` and `watch`: rank 0 of a server across nodes, see `nodes`)."""
     timeout = engine.startup_timeout_s
     sglang = engine.server
     if isinstance(sglang, SGLangServer):
         cmd = sglang_command(
             engine, port=port, context_length=profile.context_length, api_key=key, incremental_streaming=streaming
-        )
+        ) + list(rank_args)
 
         def describe(code: int, tail: str) -> str:
             return cause(code, tail, python=sglang.python, model_path=sglang.model_path)
@@ -321,7 +324,8 @@ def _managed_server(
             startup_timeout_s=timeout,
             env=server_env(sglang.env),
             describe=describe,
-            label="the SGLang server",
+            label="the SGLang server" + (" (rank 0)" if rank_args else ""),
+            watch=watch,
         )
     cmd = local_engine_command(
         engine,

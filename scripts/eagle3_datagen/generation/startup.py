@@ -19,6 +19,20 @@ from pathlib import Path
 
 from eagle3_datagen.engine_settings import SGLangServer
 
+
+class ServerError(RuntimeError):
+    """A launched server that did not start or died: the one message a job ends with."""
+
+
+def log_tail(path: Path, lines: int = 30, width: int = 400) -> str:
+    """The log's last lines, each cut at `width` characters (SGLang logs all its arguments on one line)."""
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(line if len(line) <= width else line[:width] + " [...]" for line in text[-lines:])
+
+
 # SLURM's record of the GPUs it gave a job, shown when the job sees fewer than it needs.
 SLURM_GPU_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_JOB_GRES")
 
@@ -76,9 +90,8 @@ def visible_gpus(environ, dev: Path = Path("/dev")) -> tuple[int | None, str]:
 
 
 def gpus_needed(sglang: SGLangServer) -> int:
-    """GPUs the server needs on this node: its tensor-parallel size, shared by `--nnodes` nodes."""
-    nodes = int(flag_value(list(sglang.extra_args), "--nnodes") or 1)
-    return -(-sglang.tp_size // max(nodes, 1))
+    """GPUs the server needs on this node: its tensor-parallel size, shared by its nodes."""
+    return sglang.gpus
 
 
 def check_gpus(sglang: SGLangServer, environ=os.environ, dev: Path = Path("/dev")) -> None:

@@ -151,7 +151,7 @@ def pilot_generate(
         "budget": budget,
         "client": provenance.get("client"),
         "engine_kind": server.kind,
-        "server_gpus": server.gpus,
+        "server_gpus": server.gpus * server.nodes,
         "journal": str(journal.path),
         "journal_bytes": journal.path.stat().st_size if journal.path.exists() else 0,
         "job": job_facts(),

@@ -1,0 +1,112 @@
+"""A server across nodes: the job's node list, the head's address, each rank's command, the resources
+asked for, and refusals (the launch itself: tests/integration/test_multinode.py)."""
+
+import json
+import shutil
+import socket
+
+import pytest
+
+from eagle3_datagen.engine_settings import EngineSettings
+from eagle3_datagen.generation.launch import node_args
+from eagle3_datagen.generation.nodes import interface_address, job_nodes, layout, main, rank_env, srun_command
+from eagle3_datagen.settings import defaults
+from eagle3_datagen.workflow import server_resources
+
+needs_scontrol = pytest.mark.skipif(shutil.which("scontrol") is None, reason="SLURM's scontrol is not installed")
+
+
+def engine(**sglang) -> EngineSettings:
+    block = {"python": "/envs/sglang/bin/python", "model_path": "/models/kimi", "tp_size": 16, "nodes": 2, **sglang}
+    return EngineSettings.from_config({"kind": "sglang", "sglang": block})
+
+
+@needs_scontrol
+@pytest.mark.parametrize(
+    "nodelist, names",
+    [
+        ("gpu[01-04]", ["gpu01", "gpu02", "gpu03", "gpu04"]),
+        ("a1,b[2-3]", ["a1", "b2", "b3"]),
+        ("n[1,3-4],gpu007", ["n1", "n3", "n4", "gpu007"]),
+        ("node1", ["node1"]),
+    ],
+)
+def test_node_lists_expand_as_slurm_expands_them(nodelist, names):
+    assert job_nodes(nodelist) == names
+
+
+@needs_scontrol
+def test_the_head_is_this_node_and_the_others_follow_in_the_job_order():
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "gpu[01-04]", "SLURMD_NODENAME": "gpu02"}
+    where = layout(engine(tp_size=24, nodes=3).server, env)
+    assert (where.head, where.others) == ("gpu02", ("gpu01", "gpu03"))
+    host, port = where.dist_init_addr.rsplit(":", 1)
+    assert host == "gpu02" and 1024 <= int(port) < 65536
+    with pytest.raises(RuntimeError, match=r"holds 2 node\(s\) \(a\[1-2\]\)"):
+        layout(engine(tp_size=24, nodes=3).server, {**env, "SLURM_JOB_NODELIST": "a[1-2]", "SLURMD_NODENAME": "a1"})
+    with pytest.raises(RuntimeError, match="this step runs on b9"):
+        layout(engine().server, {**env, "SLURMD_NODENAME": "b9"})
+
+
+def test_a_server_across_nodes_outside_a_slurm_job_is_refused_saying_how_to_run_it():
+    with pytest.raises(RuntimeError, match="SLURM_JOB_NODELIST is unset.*--profile slurm"):
+        layout(engine().server, {})
+
+
+@needs_scontrol
+def test_the_dist_init_interface_gives_the_heads_address_on_that_network():
+    loopback = next(name for _, name in socket.if_nameindex() if name.startswith("lo"))
+    assert interface_address(loopback) == "127.0.0.1"
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "h[1-2]", "SLURMD_NODENAME": "h1"}
+    assert layout(engine(dist_init_interface=loopback).server, env).dist_init_addr.startswith("127.0.0.1:")
+    with pytest.raises(RuntimeError, match="'ib9' has no IPv4 address.*its interfaces: .*lo"):
+        interface_address("ib9")
+
+
+def test_each_rank_gets_its_flags_and_an_srun_on_its_node(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    settings = engine(dist_timeout_s=90)
+    assert node_args(settings, rank=1, dist_init_addr="gpu01:29500") == [
+        "--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "gpu01:29500", "--dist-timeout", "90",
+    ]  # fmt: skip
+    assert "--dist-timeout" not in node_args(engine(dist_timeout_s=None), rank=0, dist_init_addr="h:1")
+    cmd = srun_command(settings.server, "gpu02", cpus=16, cmd=["python", "-m", "sglang.launch_server"])
+    assert cmd[:9] == [
+        "srun", "--jobid=42", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=gpu02", "--cpus-per-task=16",
+        "--mem=0", "--gres=gpu:8",
+    ]  # fmt: skip
+    assert cmd[-3:] == ["python", "-m", "sglang.launch_server"]
+    env = rank_env({"SLURM_JOB_ID": "42", "SLURM_STEP_NODELIST": "gpu01", "CUDA_VISIBLE_DEVICES": "0", "HF_HOME": "/h"})
+    assert env["SLURM_JOB_ID"] == "42" and env["HF_HOME"] == "/h"
+    assert "SLURM_STEP_NODELIST" not in env and "CUDA_VISIBLE_DEVICES" not in env  # the head step's, not the rank's
+
+
+def test_a_rank_refuses_to_start_on_a_node_without_the_model_or_the_gpus(tmp_path, capsys, monkeypatch):
+    checks = {"model_path": str(tmp_path / "absent"), "tp_size": 16, "nodes": 2, "extra_args": []}
+    assert main(["--checks", json.dumps(checks), "--", "true"]) == 3
+    assert "absent" in capsys.readouterr().err
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    checks["model_path"] = str(tmp_path)
+    assert main(["--checks", json.dumps(checks), "--", "true"]) == 3
+    assert "needs 8 GPUs on this node" in capsys.readouterr().err
+
+
+def test_a_job_asks_for_the_nodes_and_the_gpus_of_each(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"to_send": 5}))
+    block = defaults("engine", kind="sglang", sglang={"model_path": "/m", "tp_size": 16, "nodes": 2})
+    assert server_resources(block, plan) == {"gpu": 0, "gres": "gpu:8", "nodes": 2}
+    assert server_resources(defaults("engine", kind="sglang", sglang={"model_path": "/m", "tp_size": 8}), plan) == {
+        "gpu": 8,
+        "gres": "",
+        "nodes": 1,
+    }
+    plan.write_text(json.dumps({"to_send": 0}))
+    assert server_resources(block, plan) == {"gpu": 0, "gres": "", "nodes": 1}
+
+
+def test_node_flags_in_extra_args_and_uneven_nodes_are_refused():
+    with pytest.raises(ValueError, match="--nnodes: the job sets these for each rank; give .* engine.sglang.nodes"):
+        engine(nodes=1, extra_args=["--nnodes", "2"])
+    with pytest.raises(ValueError, match="tp_size 16 is not a multiple of engine.sglang.nodes 3"):
+        engine(nodes=3)
