@@ -8,12 +8,24 @@ import socket
 import pytest
 
 from eagle3_datagen.engine_settings import EngineSettings
+from eagle3_datagen.generation import nodes
 from eagle3_datagen.generation.launch import node_args
 from eagle3_datagen.generation.nodes import interface_address, job_nodes, layout, main, rank_env, srun_command
 from eagle3_datagen.settings import defaults
 from eagle3_datagen.workflow import server_resources
 
 needs_scontrol = pytest.mark.skipif(shutil.which("scontrol") is None, reason="SLURM's scontrol is not installed")
+
+
+@pytest.fixture(autouse=True)
+def no_cluster(tmp_path, monkeypatch):
+    """scontrol expands node lists by itself, but reads a SLURM config first: a minimal one of its own,
+    so these tests neither need a cluster's config nor see one that a test cluster left running. No
+    controller answers here (the two-node tests ask a real one for a job's node list)."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=nodelists\nSlurmctldHost=localhost\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    monkeypatch.setattr(nodes, "job_nodelist", lambda job: None)
 
 
 def engine(**sglang) -> EngineSettings:
