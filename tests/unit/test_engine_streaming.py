@@ -88,14 +88,16 @@ def test_cumulative_chunks_carry_every_id_so_far():
 
 @pytest.mark.parametrize("server_interval, request_interval", [(4, None), (1, 7)])
 def test_chunks_come_at_the_stream_interval(server_interval, request_interval):
-    """The first token at once, then whenever `interval` tokens are unsent; the last chunk has the rest."""
+    """The first token at once, then whenever `interval` tokens are unsent; the last chunk has the rest.
+    Tokens are paced (a second for the answer), so that a writer slowed by a busy machine still finds
+    chunks to write before the answer ends (chunks that wait are joined, as SGLang joins them)."""
     interval = request_interval or server_interval
     extra = {"stream_interval": request_interval} if request_interval else {}
 
     async def fn(client):
         return events((await post(client, body(100, stream=True, ignore_eos=True, **extra)))[2])
 
-    chunks = serve(fn, incremental_streaming_output=True, stream_interval=server_interval)
+    chunks = serve(fn, token_delay_s=0.01, incremental_streaming_output=True, stream_interval=server_interval)
     ends = [c["meta_info"]["completion_tokens"] for c in chunks]
     assert ends[0] == 1 and ends[-1] == 100 and len(ends) > 3
     assert all((end - 1) % interval == 0 for end in ends[:-1]), ends
