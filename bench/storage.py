@@ -10,7 +10,7 @@ All files are written in the same run, from the same rows:
   generations Parquet   tables.write_table(rows, GENERATIONS_SCHEMA): what results/generations holds
   generations JSONL     the same rows, one compact JSON object a line
   dataset JSONL         the exported shape {"input_ids", "loss_mask", ...} (export.dataset_row and
-                        export.write_jsonl: what results/dataset/*.jsonl holds)
+                        export's JsonlWriter: what results/dataset/*.jsonl holds)
   dataset Parquet       the same dataset rows with export.DATASET_SCHEMA
 
 Tokens are prompt + output tokens of every row; each figure is also given relative to the
@@ -35,11 +35,17 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir  # noqa: E402
 from eagle3_datagen.settings import DEFAULT_MODE, ModelProfile  # noqa: E402
-from eagle3_datagen.steps.export_dataset import DATASET_SCHEMA, write_jsonl  # noqa: E402
+from eagle3_datagen.steps.export_dataset import DATASET_SCHEMA, JsonlWriter  # noqa: E402
 from eagle3_datagen.storage.tables import GENERATIONS_SCHEMA, write_table  # noqa: E402
 from eagle3_datagen.storage.trainer_rows import dataset_row  # noqa: E402
 from eagle3_datagen.tokens.templating import ChatTokenizer  # noqa: E402
 
+
+
+def write_jsonl(rows, path) -> None:
+    """Rows as export_dataset writes results/dataset/*.jsonl."""
+    with JsonlWriter(path) as writer:
+        writer.write(rows)
 
 def synthesize(tok, n_rows: int, prompt_tokens: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
