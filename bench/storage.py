@@ -41,11 +41,11 @@ from eagle3_datagen.storage.trainer_rows import dataset_row  # noqa: E402
 from eagle3_datagen.tokens.templating import ChatTokenizer  # noqa: E402
 
 
-
 def write_jsonl(rows, path) -> None:
     """Rows as export_dataset writes results/dataset/*.jsonl."""
     with JsonlWriter(path) as writer:
         writer.write(rows)
+
 
 def synthesize(tok, n_rows: int, prompt_tokens: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
