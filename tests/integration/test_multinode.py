@@ -113,6 +113,16 @@ def two_node_run(two_node_cluster, tmp_path_factory, demo_model_dir):
     return wd
 
 
+def assert_every_turn_once(rows: list[dict], demo_model_dir) -> None:
+    """Every conversation (one demo row has no id: it gets its content's hash), every turn of each, the
+    answers greedy-exact: the tiny model's greedy answers may loop or fill their budget, and a
+    conversation's later turns are then skipped rows saying why."""
+    assert len({r["id"] for r in rows}) == CONVERSATIONS
+    assert all(r["status"] == "ok" or (r["status"] == "skipped" and r["error"]) for r in rows), rows
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert len(ok) >= CONVERSATIONS and sum(greedy_exact(rows, demo_model_dir).values()) == len(ok)
+
+
 def test_each_shard_is_one_server_on_two_nodes_and_its_rows_are_greedy_exact(two_node_run, demo_model_dir):
     wd = two_node_run
     jobs = generate_jobs(wd)
@@ -123,13 +133,7 @@ def test_each_shard_is_one_server_on_two_nodes_and_its_rows_are_greedy_exact(two
         (rank1,) = (wd.path / "logs" / "generate" / "math" / "attempts").glob(f"shard_{shard}.*.rank1.server.log")
         assert "sglang" in rank1.read_text().lower()
     rows = read_rows(wd.path / "results" / "generations" / "math.parquet")
-    # Every conversation (one demo row has no id: it gets its content's hash), every turn of each: the
-    # tiny model's greedy answers may loop or fill their budget, and a conversation's later turns are
-    # then skipped rows saying why.
-    assert len({r["id"] for r in rows}) == CONVERSATIONS
-    assert all(r["status"] == "ok" or (r["status"] == "skipped" and r["error"]) for r in rows), rows
-    ok = [r for r in rows if r["status"] == "ok"]
-    assert len(ok) >= CONVERSATIONS and sum(greedy_exact(rows, demo_model_dir).values()) == len(ok)
+    assert_every_turn_once(rows, demo_model_dir)
     wait_until(nothing_left, "no SLURM job and no process left on either node", timeout_s=120)
 
 
@@ -228,11 +232,5 @@ def test_a_rank_lost_ends_the_job_naming_its_node_and_the_rerun_resumes(
     plan = [line for line in log_lines if " plan: " in line][-1]
     assert f"'reused': {done}," in plan, plan  # the rerun sends only what the journal lacks
     rows = read_rows(wd.path / "results" / "generations" / "math.parquet")
-    # Every conversation (one demo row has no id: it gets its content's hash), every turn of each: the
-    # tiny model's greedy answers may loop or fill their budget, and a conversation's later turns are
-    # then skipped rows saying why.
-    assert len({r["id"] for r in rows}) == CONVERSATIONS
-    assert all(r["status"] == "ok" or (r["status"] == "skipped" and r["error"]) for r in rows), rows
-    ok = [r for r in rows if r["status"] == "ok"]
-    assert len(ok) >= CONVERSATIONS and sum(greedy_exact(rows, demo_model_dir).values()) == len(ok)
+    assert_every_turn_once(rows, demo_model_dir)
     wait_until(nothing_left, "no SLURM job and no process left on either node", timeout_s=180)
