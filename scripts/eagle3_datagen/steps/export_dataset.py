@@ -16,7 +16,7 @@ import orjson
 import pyarrow as pa
 
 from eagle3_datagen.quality.gate import Gate, reason_of
-from eagle3_datagen.settings import DEFAULT_MODE, ExportSettings, defaults
+from eagle3_datagen.settings import DEFAULT_MODE, ExportSettings
 from eagle3_datagen.storage.disk import AtomicFile
 from eagle3_datagen.storage.tables import IDS, Batching, TableWriter, count_rows, iter_batches, logged, read_provenance
 from eagle3_datagen.storage.trainer_rows import dataset_row
@@ -55,8 +55,7 @@ class Filters:
 
     @classmethod
     def from_config(cls, export: dict | None = None, **overrides) -> "Filters":
-        filters = defaults("export", **(export or {}))["filters"]
-        return cls(**{**filters, **overrides})
+        return cls(**{**ExportSettings.from_config(export).filters, **overrides})
 
 
 def filter_reason(row: dict, filters: Filters) -> tuple[str, str] | None:
