@@ -122,3 +122,91 @@ def test_node_flags_in_extra_args_and_uneven_nodes_are_refused():
         engine(nodes=1, extra_args=["--nnodes", "2"])
     with pytest.raises(ValueError, match="tp_size 16 is not a multiple of engine.sglang.nodes 3"):
         engine(nodes=3)
+
+
+GLOO_PEER_LOST = (
+    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [10.0.0.2]:4002: "
+    "Connection reset by peer. This is typically caused by a remote worker hanging"
+)
+
+
+def watched_ranks(tmp_path, logs: dict[int, str], seen_dead: dict[int, float]) -> nodes.Ranks:
+    """Ranks 0..N with these logs, each seen dead at the given time (absent: still running)."""
+    import subprocess
+    import types
+
+    ranks = []
+    for i in sorted(logs):
+        path = tmp_path / f"rank{i}.log"
+        path.write_text(logs[i])
+        if i == 0:
+            continue
+        rank = nodes.Rank(i, f"node{i + 1}", [], path, {})
+        rank.proc = subprocess.Popen(["true"] if i in seen_dead else ["sleep", "60"])
+        if i in seen_dead:
+            rank.proc.wait()
+            rank.exited_at = seen_dead[i]
+        ranks.append(rank)
+    watched = nodes.Ranks(ranks, "node1", ())
+    watched.head = types.SimpleNamespace(log_path=tmp_path / "rank0.log")
+    watched.head_exited_at = seen_dead.get(0)
+    return watched
+
+
+def stop(watched):
+    for rank in watched.ranks:
+        if rank.proc.poll() is None:
+            rank.proc.kill()
+            rank.proc.wait()
+
+
+@pytest.mark.parametrize(
+    "seen_dead, first",
+    [
+        ({0: 10.0, 1: 10.0}, "rank 0 on node node1 died first"),  # one poll saw both
+        ({0: 10.5, 1: 10.0}, "rank 0 on node node1 died first"),  # rank 1's death was seen earlier
+    ],
+)
+def test_the_rank_named_first_is_the_one_that_did_not_lose_a_peer(tmp_path, seen_dead, first):
+    watched = watched_ranks(tmp_path, {0: "serving\n", 1: f"decoding\n{GLOO_PEER_LOST}\n"}, seen_dead)
+    try:
+        death = watched.first_death()
+        assert death.startswith(first), death
+        assert "its last lines:\nserving" in death
+    finally:
+        stop(watched)
+
+
+def test_where_every_dead_rank_lost_a_peer_the_first_seen_dead_is_named(tmp_path, monkeypatch):
+    """A network fault: both dead ranks say they lost a peer, rank 2 still runs (waited for a while)."""
+    monkeypatch.setattr(nodes, "SETTLE_S", 0.3)
+    watched = watched_ranks(tmp_path, {0: GLOO_PEER_LOST, 1: GLOO_PEER_LOST, 2: "serving\n"}, {0: 11.0, 1: 10.0})
+    try:
+        assert watched.first_death().startswith("rank 1 on node node2 exited with code 0"), watched.first_death()
+    finally:
+        stop(watched)
+
+
+def test_a_rank_seen_dead_alone_that_lost_a_peer_waits_for_the_one_that_died_first(tmp_path, monkeypatch):
+    """Rank 1 says it lost a peer and rank 0 is not yet seen dead: rank 0 is waited for, and named."""
+    watched = watched_ranks(tmp_path, {0: "serving\n", 1: GLOO_PEER_LOST}, {1: 10.0})
+    sleeps = []
+
+    def sleep(s):
+        sleeps.append(s)
+        watched.head_exited_at = 10.2  # the watch thread sees rank 0 dead
+
+    monkeypatch.setattr(nodes.time, "sleep", sleep)
+    try:
+        assert watched.first_death().startswith("rank 0 on node node1 died first")
+        assert sleeps
+    finally:
+        stop(watched)
+
+
+def test_no_death_while_every_rank_runs(tmp_path):
+    watched = watched_ranks(tmp_path, {0: "", 1: ""}, {})
+    try:
+        assert watched.first_death() is None
+    finally:
+        stop(watched)

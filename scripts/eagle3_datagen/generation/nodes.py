@@ -9,7 +9,9 @@ of `engine.sglang.dist_init_interface` on the head), and a port free on the head
 
 Every rank is watched: one that exits while rank 0 starts ends the start-up, and one that exits
 while the job sends ends the run (`Servers.alive`), each with a message naming its node and its
-log's last lines (`*.rankN.server.log` beside the server log). Each `srun` runs under the watchdog,
+log's last lines (`*.rankN.server.log` beside the server log). A rank's death takes the others with
+it within a second (gloo) or after a collective times out (NCCL), so the one named is the first seen
+to die among those whose log does not say they lost a peer. Each `srun` runs under the watchdog,
 so no rank outlives its job, even a SIGKILLed one: a killed `srun` ends its step, and SLURM the
 step's processes on that node. On its node a rank first checks what rank 0 checked on the head
 (the model path, the GPUs it sees), so a node that lacks them fails at once, saying so.
@@ -45,6 +47,17 @@ KEPT_SLURM = ("SLURM_JOB_ID", "SLURM_CONF")
 DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES")
 # How long a rank may take to end by itself once rank 0 stopped (it follows rank 0's shutdown).
 RANK_GRACE_S = 30.0
+# What a rank's log says when it died because a peer did (gloo over TCP, NCCL, torch's watchdog).
+PEER_LOST = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "ncclRemoteError",
+    "remote process exiting",
+    "Watchdog caught collective operation timeout",
+)
+# How long the rank that died first is waited for, once only ranks that lost a peer are seen dead.
+SETTLE_S = 5.0
 
 
 def job_nodes(nodelist: str) -> list[str]:
@@ -251,20 +264,41 @@ class Ranks:
         return min(dead, key=lambda r: r.exited_at).describe() if dead else None
 
     def first_death(self) -> str | None:
-        """Which rank died first, its node and its log's end; None while every rank runs."""
-        dead = [rank for rank in self.ranks if rank.poll() is not None]
-        if not dead and self.head_exited_at is None:
+        """Which rank died first, its node and its log's end; None while every rank runs.
+
+        Deaths are seen by polling, and a rank's death takes the others with it, so two can be seen
+        in one poll, and the one that died first is told by its log: the others say they lost a peer."""
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            deaths = self._deaths()
+            causes = [d for d in deaths if not lost_a_peer(d[1])]
+            if causes or len(deaths) == len(self.ranks) + 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if not deaths:
             return None
-        first = min(dead, key=lambda r: r.exited_at) if dead else None
-        if first is None or (self.head_exited_at is not None and self.head_exited_at < first.exited_at):
-            path = self.head.log_path
+        _, path, rank = min(causes or deaths, key=lambda d: d[0])
+        if rank is None:
             return f"rank 0 on node {self.head_node} died first; its log is {path}; its last lines:\n{log_tail(path)}"
-        return first.describe() + f"\n(rank 0's log: {self.head.log_path})"
+        return rank.describe() + f"\n(rank 0's log: {self.head.log_path})"
+
+    def _deaths(self) -> list[tuple[float, Path, "Rank | None"]]:
+        """(when it was seen dead, its log, the rank or None for rank 0) of each rank seen dead."""
+        deaths = [(r.exited_at, r.log_path, r) for r in self.ranks if r.poll() is not None]
+        if self.head_exited_at is not None:
+            deaths.append((self.head_exited_at, self.head.log_path, None))
+        return deaths
 
     def stop(self) -> None:
         self._stop.set()
         for rank in self.ranks:
             rank.stop(RANK_GRACE_S)
+
+
+def lost_a_peer(log_path: Path) -> bool:
+    """Whether a rank's log ends saying it died because a peer did."""
+    tail = log_tail(log_path, lines=200)
+    return any(sign in tail for sign in PEER_LOST)
 
 
 def _first_child(pid: int) -> int | None:
