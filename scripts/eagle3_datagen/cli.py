@@ -1,41 +1,15 @@
 """The `eagle3-datagen` command: what a user runs by hand, one subcommand each (-h lists them).
 
-Each subcommand hands its arguments to the module that owns it (`steps.status`, `steps.audit`,
-`steps.vocab_check`, the engine, the runner), whose own parser defines and checks its options: this
-module only chooses one, and imports it only when chosen, so that `status` starts as fast as before.
-`python -m eagle3_datagen.X` and `python scripts/<rule>.py` still work as they did.
+Each subcommand hands its arguments to the module that owns it, whose own parser defines and checks
+its options; the module is imported only when chosen, so that `status` starts fast.
 """
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable
 
 PROG = "eagle3-datagen"
-
-
-def _status(argv: list[str], prog: str) -> int:
-    from eagle3_datagen.steps.status import main
-
-    return main(argv, prog)
-
-
-def _audit(argv: list[str], prog: str) -> int:
-    from eagle3_datagen.steps.audit import main
-
-    main(argv, prog)
-    return 0
-
-
-def _vocab_check(argv: list[str], prog: str) -> int:
-    from eagle3_datagen.steps.vocab_check import main
-
-    return main(argv, prog)
-
-
-def _engine(argv: list[str], prog: str) -> int:
-    from eagle3_datagen.engine.__main__ import main
-
-    return main(argv, prog)
 
 
 def _step(argv: list[str], prog: str) -> int:
@@ -57,12 +31,12 @@ def _step(argv: list[str], prog: str) -> int:
     return 0
 
 
-# name: (one line for the listing, the handler)
-COMMANDS: dict[str, tuple[str, Callable[[list[str], str], int]]] = {
-    "status": ("how far a run is, per category and shard (read-only)", _status),
-    "audit": ("audit trainer rows made elsewhere, without a server", _audit),
-    "vocab-check": ("refuse a draft vocabulary built from other data", _vocab_check),
-    "engine": ("the CPU stand-in of an SGLang server", _engine),
+# name: (one line for the listing, the handler: a function, or the module whose `main(argv, prog)` it is)
+COMMANDS: dict[str, tuple[str, str | Callable[[list[str], str], int]]] = {
+    "status": ("how far a run is, per category and shard (read-only)", "eagle3_datagen.steps.status"),
+    "audit": ("audit trainer rows made elsewhere, without a server", "eagle3_datagen.steps.audit"),
+    "vocab-check": ("refuse a draft vocabulary built from other data", "eagle3_datagen.steps.vocab_check"),
+    "engine": ("the CPU stand-in of an SGLang server", "eagle3_datagen.engine.__main__"),
     "step": ("run one rule's step by hand, as the rule runs it", _step),
 }
 
@@ -91,4 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         parser().parse_args(argv)  # -h, --version, or the error naming the commands
         return 2
     name, rest = argv[0], argv[1:]
-    return COMMANDS[name][1](rest, f"{PROG} {name}")
+    handler = COMMANDS[name][1]
+    if isinstance(handler, str):
+        handler = importlib.import_module(handler).main
+    code = handler(rest, f"{PROG} {name}")
+    return code if isinstance(code, int) else 0  # audit's main returns its summary

@@ -21,17 +21,17 @@ NODE_FLAGS = ("--nnodes", "--node-rank", "--dist-init-addr", "--dist-timeout")
 
 def check_extra_args(args) -> None:
     """Refuse launch arguments that would reshape or cut the generated data."""
-    bad = [a for a in args if str(a).split("=", 1)[0] in REFUSED_SGLANG_FLAGS]
-    if bad:
-        raise ValueError(
-            f"engine.sglang.extra_args: {', '.join(bad)} would reshape or cut the generated data; remove it"
-        )
-    placed = [a for a in args if str(a).split("=", 1)[0] in NODE_FLAGS]
-    if placed:
-        raise ValueError(
-            f"engine.sglang.extra_args: {', '.join(placed)}: the job sets these for each rank; give the "
-            "number of nodes as engine.sglang.nodes (and engine.sglang.dist_timeout_s)"
-        )
+    for flags, why in (
+        (REFUSED_SGLANG_FLAGS, " would reshape or cut the generated data; remove it"),
+        (
+            NODE_FLAGS,
+            ": the job sets these for each rank; give the number of nodes as engine.sglang.nodes "
+            "(and engine.sglang.dist_timeout_s)",
+        ),
+    ):
+        found = [a for a in args if str(a).split("=", 1)[0] in flags]
+        if found:
+            raise ValueError(f"engine.sglang.extra_args: {', '.join(found)}{why}")
 
 
 @dataclass(frozen=True)
@@ -75,9 +75,6 @@ class SGLangServer:
         """GPUs on each node of the server."""
         return self.tp_size // self.nodes
 
-    def fingerprint(self) -> dict:
-        return {"kind": self.kind}
-
 
 @dataclass(frozen=True)
 class LocalServer:
@@ -97,9 +94,6 @@ class LocalServer:
         """The weights the model backend serves (part of what identifies its answers)."""
         return self.model_dir if self.backend == "model" else None
 
-    def fingerprint(self) -> dict:
-        return {"kind": self.kind, "backend": self.backend}
-
 
 @dataclass(frozen=True)
 class ExternalServers:
@@ -111,9 +105,6 @@ class ExternalServers:
     launched = False
     gpus = 0  # the servers are not the job's
     weights_dir = None
-
-    def fingerprint(self) -> dict:
-        return {"kind": self.kind}
 
 
 KINDS = {cls.kind: cls for cls in (SGLangServer, LocalServer, ExternalServers)}
@@ -178,4 +169,5 @@ class EngineSettings:
     def fingerprint(self) -> dict:
         """What identifies the server's answers before it starts, beside the model's name (the
         caller adds the hash of `server.weights_dir`, where there is one)."""
-        return self.server.fingerprint()
+        backend = {"backend": self.server.backend} if isinstance(self.server, LocalServer) else {}
+        return {"kind": self.kind, **backend}

@@ -135,7 +135,8 @@ def from_command_line(step: Callable, argv: list[str] | None = None, prog: str |
         # Config blocks (dict params) come from --config only; files and scalars can be given.
         if p.name not in ("category", "shard") and p.annotation is not dict:
             many = typing.get_origin(p.annotation) is list
-            parser.add_argument(_option(p.name), dest=p.name, nargs="+" if many else None, help=_help(p))
+            default = PATHS.get(p.name, "from --config and --category")
+            parser.add_argument(_option(p.name), dest=p.name, nargs="+" if many else None, help=f"default: {default}")
     args = parser.parse_args(argv)
     setup_logging()
     config = load_config(args.config)
@@ -145,15 +146,7 @@ def from_command_line(step: Callable, argv: list[str] | None = None, prog: str |
     for p in params:
         value = getattr(args, p.name, None)
         if value is None:
-            value = _from_tables(
-                p.name,
-                many=typing.get_origin(p.annotation) is list,
-                config=config,
-                sheet=sheet,
-                row=row,
-                category=args.category,
-                shard=args.shard,
-            )
+            value = _from_tables(p.name, typing.get_origin(p.annotation) is list, config, sheet, row, args)
         if value is not None:
             kwargs[p.name] = _convert(value, p.annotation)
         elif p.default is p.empty:
@@ -161,33 +154,24 @@ def from_command_line(step: Callable, argv: list[str] | None = None, prog: str |
     return kwargs
 
 
-def _help(p: inspect.Parameter) -> str:
-    if p.name in PATHS:
-        return f"default: {PATHS[p.name]}"
-    return "default: from --config and --category"
-
-
-def _from_tables(name: str, *, many: bool, config: dict, sheet, row: dict | None, category: str | None, shard: int):
+def _from_tables(name: str, many: bool, config: dict, sheet, row: dict | None, args: argparse.Namespace):
     """The value the rule would give this parameter: a path of layout.PATHS or a param of workflow.PARAMS."""
-    if name == "category":
-        return category
-    if name == "shard":
-        return shard
+    if name in ("category", "shard"):
+        return getattr(args, name)
+    category = args.category
     if name == "source":  # the category's own prompts file
         return row["prompts"] if row is not None else None
     if name in PATHS:
         pattern = PATHS[name]
         if many and "{shard}" in pattern:
             return (
-                [pattern.format(category=category, shard=s) for s in range(shard_count(row))]
-                if row is not None
-                else None
+                None if row is None else [pattern.format(category=category, shard=s) for s in range(shard_count(row))]
             )
         if many:
             return [pattern.format(category=c) for c in sheet["category"]]
         if "{category}" in pattern and category is None:
             return None
-        return pattern.format(category=category, shard=shard)
+        return pattern.format(category=category, shard=args.shard)
     if name in PARAMS:
         return PARAMS[name](config, row or {})
     return None

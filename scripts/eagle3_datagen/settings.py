@@ -17,8 +17,7 @@ from typing import Any
 
 
 def schema_path(name: str) -> Path:
-    """A schema of `schemas/`: the installed package carries it as `eagle3_datagen/schemas/`; a checkout
-    has it at its top, where Snakemake's rules validate against it too."""
+    """A schema of `schemas/`: in the installed package's `eagle3_datagen/schemas/`, else at the checkout's top."""
     package = Path(__file__).resolve().parent
     installed = package / "schemas" / name
     return installed if installed.is_file() else package.parents[1] / "schemas" / name
@@ -108,8 +107,8 @@ class ConfigGroup:
     block = ""
 
     @classmethod
-    def from_config(cls, values: dict | None = None):
-        return cls(**defaults(cls.block, **(values or {})))
+    def from_config(cls, values: dict | None = None, **overrides: Any):
+        return cls(**defaults(cls.block, **{**(values or {}), **overrides}))
 
 
 @dataclass(frozen=True)
@@ -266,9 +265,8 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class ClientSettings:
-    """The generate client's settings (config key `client`; defaults in the schema)."""
-
+class ClientSettings(ConfigGroup):
+    block = "client"  # the generate client's settings
     concurrency: int | str  # a number, or "auto": follow the server's load, up to max_concurrency
     max_concurrency: int
     queue_target: int
@@ -280,10 +278,6 @@ class ClientSettings:
     request_timeout_per_token_s: float
     progress_interval_s: float
     resume: bool = True
-
-    @classmethod
-    def from_config(cls, client: dict | None = None, **overrides: Any) -> "ClientSettings":
-        return cls(**defaults("client", **{**(client or {}), **overrides}))
 
     @property
     def auto(self) -> bool:

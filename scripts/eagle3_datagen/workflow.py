@@ -5,6 +5,7 @@ parameters change, and scripts never read the global config.
 """
 
 import dataclasses
+import json
 import logging
 import re
 import sys
@@ -98,8 +99,8 @@ def budget_for(config: dict, category: dict) -> dict:
     (BUDGET_PRECEDENCE); `modes` only where a mode has values of its own, so that a config without
     them keeps the budget it had. A mode whose min_new_tokens exceeds its max_new_tokens is refused:
     every row of it would be skipped."""
-    cell = category.get("max_new_tokens")
-    cell = None if cell is None or cell != cell or cell == "" else int(cell)
+    cell = _cell(category, "max_new_tokens")
+    cell = None if cell is None else int(cell)
     budget = {
         "max_new_tokens": cell if cell is not None else int(config["max_new_tokens"]),
         "min_new_tokens": int(config["min_new_tokens"]),
@@ -134,17 +135,10 @@ def _reading(config: dict, category: dict) -> dict:
     return asdict(ReadOptions.from_category(category, int(config["seed"])))
 
 
-def _cell(category: dict, key: str):
+def _cell(category: dict, key: str, default=None):
+    """A cell of the category's row of the sheet, or `default` where it is empty (NaN in a TSV)."""
     value = category.get(key)
-    return None if value is None or value != value or value == "" else value
-
-
-def _turns(config: dict, category: dict) -> str:
-    return str(_cell(category, "turns") or config.get("turns", "all"))
-
-
-def _tool_divergence(config: dict, category: dict) -> str:
-    return str(_cell(category, "tool_divergence") or config.get("tool_divergence", "end"))
+    return default if value is None or value != value or value == "" else value
 
 
 def _export(config: dict, category: dict) -> dict:
@@ -171,39 +165,34 @@ def mode_mix(config: dict, category: dict):
         raise ValueError(f"field 'mode_mix': {exc}" if cell is not None else f"config key mode_mix: {exc}") from None
 
 
-def _samples_per_prompt(config: dict, category: dict) -> int:
-    value = category.get("samples_per_prompt")
-    return int(value) if value is not None and value == value else int(config["samples_per_prompt"])
-
-
 # The params of every rule, by name: the rules take them from here (rules/common.smk: get_param),
 # and so does a script run by hand (runner). A category's values come from its row of the sheet;
 # without a row (a script run by hand without --category) the global values apply. Because each
 # rule declares exactly the params it reads, Snakemake reruns a job when one of them changes.
 PARAMS = {
-    "model": lambda config, category: config["model"],
+    "model": lambda c, row: c["model"],
     "budget": budget_for,
-    "samples_per_prompt": _samples_per_prompt,
-    "seed": lambda config, category: int(config["seed"]),
-    "on_bad_rows": lambda config, category: config["on_bad_rows"],
-    "max_unexpected_row_share": lambda config, category: float(config["max_unexpected_row_share"]),
-    "allow_empty": lambda config, category: bool(config["allow_empty_categories"]),
+    "samples_per_prompt": lambda c, row: int(_cell(row, "samples_per_prompt", c["samples_per_prompt"])),
+    "seed": lambda c, row: int(c["seed"]),
+    "on_bad_rows": lambda c, row: c["on_bad_rows"],
+    "max_unexpected_row_share": lambda c, row: float(c["max_unexpected_row_share"]),
+    "allow_empty": lambda c, row: bool(c["allow_empty_categories"]),
     "reading": _reading,
-    "sampling": lambda config, category: sampling_for(config, category, mode_mix(config, category).names),
-    "engine": lambda config, category: config["engine"],
-    "client": lambda config, category: config["client"],
-    "max_failed_share": lambda config, category: float(config["max_failed_share"]),
-    "cache_dir": lambda config, category: str(config["cache_dir"]),
-    "shards": lambda config, category: shard_count(category),
+    "sampling": lambda c, row: sampling_for(c, row, mode_mix(c, row).names),
+    "engine": lambda c, row: c["engine"],
+    "client": lambda c, row: c["client"],
+    "max_failed_share": lambda c, row: float(c["max_failed_share"]),
+    "cache_dir": lambda c, row: str(c["cache_dir"]),
+    "shards": lambda c, row: shard_count(row),
     "export": _export,
-    "quality": lambda config, category: dict(config["quality"]),
-    "turns": _turns,
-    "tool_divergence": _tool_divergence,
-    "mode_mix": lambda config, category: mode_mix(config, category).to_json(),
-    "categories": lambda config, category: list(load_sheet(config["categories"])["category"]),
-    "demo_model": lambda config, category: config["demo_model"],
-    "batch": lambda config, category: dict(config["batch"]),
-    "pilot": lambda config, category: dict(config["pilot"]),
+    "quality": lambda c, row: dict(c["quality"]),
+    "turns": lambda c, row: str(_cell(row, "turns") or c.get("turns", "all")),
+    "tool_divergence": lambda c, row: str(_cell(row, "tool_divergence") or c.get("tool_divergence", "end")),
+    "mode_mix": lambda c, row: mode_mix(c, row).to_json(),
+    "categories": lambda c, row: list(load_sheet(c["categories"])["category"]),
+    "demo_model": lambda c, row: c["demo_model"],
+    "batch": lambda c, row: dict(c["batch"]),
+    "pilot": lambda c, row: dict(c["pilot"]),
 }
 
 
@@ -244,8 +233,6 @@ def setup_logging(log_file: str | Path | None = None, level: int = logging.INFO)
 
 def plan_sends(plan_file: str | Path) -> bool:
     """Whether a shard's plan has anything to send (then its generate job needs the server)."""
-    import json
-
     return json.loads(Path(plan_file).read_text())["to_send"] > 0
 
 
@@ -253,10 +240,8 @@ def server_resources(engine: dict, plan_file: str | Path | None = None) -> dict:
     """What a job that launches the server asks SLURM for: `gpu` (a one-node server's GPUs), or,
     for a server across nodes, `gres` (gpu:N on each node: a job-wide --gpus could pile them on one
     node) and `nodes`. Nothing but one node when the plan has nothing left to send."""
-    import json
-
     settings = EngineSettings.from_config(engine)
-    if plan_file is not None and json.loads(Path(plan_file).read_text())["to_send"] == 0:
+    if plan_file is not None and not plan_sends(plan_file):
         return {"gpu": 0, "gres": "", "nodes": 1}
     if settings.nodes > 1:
         return {"gpu": 0, "gres": f"gpu:{settings.gpus}" if settings.gpus else "", "nodes": settings.nodes}

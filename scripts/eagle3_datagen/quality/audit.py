@@ -1,20 +1,11 @@
-"""The audit of a trainer row made elsewhere: its raw-token checks and its flags, read from ids only.
+"""The audit of a trainer row made elsewhere (SpecForge's, speculators', this pipeline's
+`results/dataset/`): its raw-token checks and its flags, read from ids only.
 
-A trainer row is `{"input_ids", "loss_mask", ...}` (SpecForge's pre-tokenized rows, speculators'
-`prepare_data`, this pipeline's `results/dataset/`). Its loss spans (maximal runs of `loss_mask` 1)
-are its assistant outputs, the tokens before each span that output's prompt. Every span is judged by
-`flags.row_flags` as if generated: `stop` where it ends on a stop id (`QualityFacts.stop_ids`), else
+Each loss span (a maximal run of `loss_mask` 1) is an assistant output, the tokens before it its
+prompt, judged by `flags.row_flags` as if generated: `stop` where it ends on a stop id, else
 `length`. A chat template renders a newline after the turn end (Qwen3's `<|im_end|>\\n`, which
-speculators' rows keep under the loss), so a span whose stop id is followed only by whitespace ids
-ends on that stop; the whitespace after it is no part of the output that is judged.
-
-Raw checks, each a code of its own beside `flags.CODES`:
-
-- `unreadable_row`: the line is not JSON, not an object, or has no list of integer `input_ids`;
-- `id_out_of_vocab`: an id outside `0 <= id < vocab_size`;
-- `missing_loss_mask`, `mask_length_mismatch`, `mask_not_binary` (values other than 0/1),
-  `no_loss_tokens`: the mask cannot say what is trained (then no span is judged);
-- `span_without_stop`: a loss span that ends on no stop id (the output was cut).
+speculators' rows keep under the loss), so a stop id followed only by whitespace ids ends the span.
+The raw checks (`RAW_CODES`) are described in docs/data.md.
 """
 
 from dataclasses import dataclass
@@ -81,15 +72,13 @@ def _int_array(value, kinds: str = "iu") -> np.ndarray | None:
     return array.astype(np.int64)
 
 
-def _vocab_flag(ids: np.ndarray, vocab_size: int) -> Flag | None:
+def _vocab_flags(ids: np.ndarray, vocab_size: int) -> list[Flag]:
     outside = np.flatnonzero((ids < 0) | (ids >= vocab_size))
     if not outside.size:
-        return None
+        return []
     first = int(outside[0])
-    return Flag(
-        "id_out_of_vocab",
-        f"{outside.size} ids outside 0..{vocab_size - 1}, the first {int(ids[first])} at position {first}",
-    )
+    detail = f"{outside.size} ids outside 0..{vocab_size - 1}, the first {int(ids[first])} at position {first}"
+    return [Flag("id_out_of_vocab", detail)]
 
 
 def _mask_flags(mask_value, n_ids: int) -> tuple[np.ndarray | None, list[Flag]]:
@@ -121,10 +110,10 @@ def span_flags(ids: np.ndarray, mask: np.ndarray, settings: AuditSettings) -> li
         stop_end = output_end(ids, start, end, settings.facts)
         if stop_end is None:
             flags.append(Flag("span_without_stop", f"{where} ends on id {int(ids[end - 1])}, no stop id"))
-            finish, out_end = "length", end
-        else:
-            finish, out_end = "stop", stop_end
-        found = row_flags(ids[:start].tolist(), ids[start:out_end].tolist(), finish, settings.facts, settings.loop)
+        finish = "length" if stop_end is None else "stop"
+        found = row_flags(
+            ids[:start].tolist(), ids[start : stop_end or end].tolist(), finish, settings.facts, settings.loop
+        )
         flags += [Flag(f.code, f"{where}: {f.detail}") for f in found]
     return flags
 
@@ -140,12 +129,8 @@ def audit_row(row, settings: AuditSettings) -> list[Flag]:
         return [Flag("unreadable_row", "input_ids is not a list of integers")]
     if not ids.size:
         return [Flag("unreadable_row", "input_ids is empty")]
-    flags = []
-    outside = _vocab_flag(ids, settings.vocab_size)
-    if outside is not None:
-        flags.append(outside)
     mask, mask_flags = _mask_flags(row.get("loss_mask"), ids.size)
-    flags += mask_flags
+    flags = _vocab_flags(ids, settings.vocab_size) + mask_flags
     if mask is not None:
         flags += span_flags(ids, mask, settings)
     return flags

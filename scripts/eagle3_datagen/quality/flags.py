@@ -1,32 +1,21 @@
 """Reason codes of a generated row, from its ids: what the quality gate flags and why.
 
-- `repetition_loop`: the output ends in a loop (`loops.find_loop`; the stop token, if any, aside),
-  or the client stopped it live as one (`finish_type` `loop`).
-- `unfinished_reasoning`: the answer ended by its budget (`length`, or stopped as a loop) while
-  still inside its reasoning: the reasoning was open when the output began (the prompt's generation
-  prompt opened it: Kimi-K2.5's `<think>`) or the output opened it (Qwen3 writes its own `<think>`),
-  and the output holds no reasoning end after that.
-- `stopped_in_reasoning`: the answer ended on a stop id while its reasoning was still open (as
-  `unfinished_reasoning` reads it): Kimi-K2.5's `<|im_end|>` before any `</think>`. The model ended
-  its turn without an answer, and its reasoning was never closed as the chat template closes it.
-- `empty_answer`: the reasoning closed, then nothing but whitespace before the stop token (a tool
-  call is not whitespace, so an answer that is only a tool call is not empty).
-- `unexpected_stop`: the answer stopped on an id that stops generation but is not one of the profile's
-  turn ends (`model.stop_tokens`): one of `model.eos_tokens` (Qwen3's `<|endoftext|>`), or an eos the
-  model's files name beside the turn end (Kimi-K2.5's `[EOS]`); the turn was never closed as the
-  chat template closes it.
+`CODES`, in order: `repetition_loop` (`loops.find_loop`, or the client stopped it live as one),
+`unfinished_reasoning` (cut by its budget inside its reasoning), `stopped_in_reasoning` (ended on a
+stop id inside it), `empty_answer` (only whitespace after the reasoning) and `unexpected_stop` (a
+stop id that is no turn end of `model.stop_tokens`); docs/quality.md says what each means and why.
 
 Every decision reads token ids and the tokenizer's facts (`QualityFacts`, from the prompts table's
 provenance or, for `audit`, from the tokenizer); nothing is decoded to text and re-tokenized.
 """
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from eagle3_datagen.quality.loops import LoopSettings, find_loop
 
 CODES = ("repetition_loop", "unfinished_reasoning", "stopped_in_reasoning", "empty_answer", "unexpected_stop")
-POLICIES = ("keep", "quarantine")
 # Where the generation prompt sits: a reasoning opener or closer further back belongs to the history.
 PROMPT_TAIL = 64
 # finish_type of an answer the client stopped as a loop while it was generated.
@@ -98,42 +87,23 @@ class QualitySettings:
                 return flag
         return None
 
-    def to_json(self) -> dict:
-        return {
-            "policies": dict(self.policies),
-            "loop": self.loop.to_json(),
-            "live_stop": self.live_stop,
-            "stream_interval": self.stream_interval,
-        }
+    to_json = dataclasses.asdict
 
 
 def _reasoning_open_at_start(prompt_ids, facts: QualityFacts) -> bool:
     """Whether the generation prompt left the reasoning open (its last opener after its last closer)."""
-    start, end = facts.reasoning_start_id, facts.reasoning_end_id
-    tail = prompt_ids[-PROMPT_TAIL:]
-    for tid in reversed(tail):
-        if tid == end:
-            return False
-        if tid == start:
-            return True
+    for tid in reversed(prompt_ids[-PROMPT_TAIL:]):
+        if tid in (facts.reasoning_start_id, facts.reasoning_end_id):
+            return tid != facts.reasoning_end_id
     return False
 
 
 def _reasoning_state(prompt_ids, output_ids, facts: QualityFacts) -> tuple[bool, int | None]:
     """(whether the output ends inside its reasoning, the index of its last reasoning end or None)."""
-    start, end = facts.reasoning_start_id, facts.reasoning_end_id
-    last_start = last_end = None
-    for i in range(len(output_ids) - 1, -1, -1):
-        tid = output_ids[i]
-        if tid == end and last_end is None:
-            last_end = i
-            break
-        if tid == start and last_start is None:
-            last_start = i
-    if last_end is not None:
-        # Closed, unless the output opened it again after its last closer.
-        return last_start is not None and last_start > last_end, last_end
-    return last_start is not None or _reasoning_open_at_start(prompt_ids, facts), None
+    last_end = max((i for i, tid in enumerate(output_ids) if tid == facts.reasoning_end_id), default=None)
+    # Closed, unless the output opened it again after its last closer.
+    reopened = facts.reasoning_start_id in (output_ids if last_end is None else output_ids[last_end + 1 :])
+    return reopened or (last_end is None and _reasoning_open_at_start(prompt_ids, facts)), last_end
 
 
 def _empty_answer(output_ids: list, last_end: int | None, body_end: int, facts: QualityFacts) -> str | None:
@@ -167,34 +137,20 @@ def row_flags(prompt_ids, output_ids, finish_type: str, facts: QualityFacts, loo
             flags.append(Flag("repetition_loop", found.describe()))
 
     open_at_end, last_end = False, None
+    inside = f"after {n} tokens inside the reasoning (no reasoning end)"
     if facts.reasoning_end_id is not None:
         open_at_end, last_end = _reasoning_state(prompt_ids, output_ids, facts)
         if finish_type in ("length", LOOP_FINISH) and open_at_end:
-            flags.append(
-                Flag(
-                    "unfinished_reasoning",
-                    f"ended by {'its budget' if finish_type == 'length' else 'the loop stop'} after {n} tokens "
-                    "inside the reasoning (no reasoning end)",
-                )
-            )
+            cut = "its budget" if finish_type == "length" else "the loop stop"
+            flags.append(Flag("unfinished_reasoning", f"ended by {cut} {inside}"))
     if stopped and open_at_end:
-        flags.append(
-            Flag(
-                "stopped_in_reasoning",
-                f"stopped on id {output_ids[-1]} after {n} tokens inside the reasoning (no reasoning end)",
-            )
-        )
+        flags.append(Flag("stopped_in_reasoning", f"stopped on id {output_ids[-1]} {inside}"))
     if stopped and not open_at_end:
         empty = _empty_answer(output_ids, last_end, body_end, facts)
         if empty is not None:
             flags.append(Flag("empty_answer", empty))
 
     if finish_type == "stop" and n > 0 and output_ids[-1] not in facts.turn_end_ids:
-        flags.append(
-            Flag(
-                "unexpected_stop",
-                f"stopped on id {output_ids[-1]}, which stops generation but is not a turn end of "
-                f"model.stop_tokens {sorted(facts.turn_end_ids)}",
-            )
-        )
+        detail = f"stopped on id {output_ids[-1]}, which stops generation but is not a turn end of model.stop_tokens"
+        flags.append(Flag("unexpected_stop", f"{detail} {sorted(facts.turn_end_ids)}"))
     return flags

@@ -1,10 +1,5 @@
-"""The gate as the export applies it: each generated row's flags, the policy's verdict, and tallies.
-
-`Gate.judge(row)` gives a row's flags and, when one of them is quarantined by its policy, that flag:
-the row then becomes a `filtered` record with the flag's code instead of a dataset row. `kept`
-counts the flags of the rows that stay in the dataset, per code and turn (quarantined rows are
-counted from their records), for the summary and the report.
-"""
+"""The gate as the export applies it: each generated row's flags, the policy's verdict (a quarantined
+row becomes a `filtered` record), and the tallies of the flags of the rows kept in the dataset."""
 
 from collections import Counter
 

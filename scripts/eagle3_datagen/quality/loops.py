@@ -1,35 +1,19 @@
 """Repetition loops in token ids: an output whose tail is dominated by one n-gram repeated many
 times, even where a few of its tokens differ (a model looping at temperature 1.0 wobbles).
 
-What is counted, for each period `p` (1 to `max_period` tokens): each token of the tail is compared
-with the tokens one and two periods before it. It *matches* when it equals either (so a token
-sampled off the loop costs one mismatch, not two: the copy after it still matches the copy before),
-and a mismatch is *systematic* when the tokens one and two periods before it were mismatches too
-(the same place differs in three copies running: a list's counter, a table's values, a times
-table's products), else *sporadic*. Each token scores +1 when it matches, `-(1 + a)` when it does
-not, and a further `-p` when its mismatch is systematic, with `a = (1 - 2m) / 2m` for
-`m = max_mismatch`: a stretch whose mismatches stay below twice `m` gains score, and any n-gram whose
-copies keep changing in one place loses at least a copy's worth per copy. The loop is the suffix of
-the output with the highest score; it is flagged when
-
-- it covers (with its first copy) at least `need(p)` tokens: `max(min_tokens, min_repeats * p)`
-  (256 tokens and four copies by default), and
-- at most `max_mismatch` (10 %) of its compared tokens mismatch, and its score is positive.
-
-An output cut by its budget (`at_budget`) ended inside whatever it was writing: a loop that began
-late had no room to cover 256 tokens, yet a legitimate text cut at a random point rarely ends in
-many copies of one short n-gram. There the loop needs only `min(need(p),
-max(min_tokens_at_budget, min_repeats_at_budget * p))`: 16 copies of an n-gram of up to 16 tokens.
-
-Cost: the periods are first screened on the last 16 tokens (one small matrix of comparisons); only
-the few whose tokens match there (at most `CANDIDATES`) are scored over the tail, vectorized.
+For each period `p` each tail token is compared with the tokens one and two periods away; it scores
++1 on the n-gram, `-(1 + a)` off it (`a = (1 - 2m) / 2m`, `m = max_mismatch`), and a further `-p`
+where copies keep differing at the same place (a counter, a table's values), so that such text is
+never a loop. The loop is the highest-scoring suffix; it is flagged when it covers `need(p)` tokens,
+at most `max_mismatch` of them off the n-gram (docs/quality.md has the whole account and why).
 
 `find_loop` looks at a finished output; `LiveLoopWatch` is fed an output chunk by chunk as it is
-generated and reports the loop as soon as the output received so far ends in one covering twice the
-tokens (`LoopSettings.live`), so that a loop costs the tokens up to its detection instead of up to
-`max_new_tokens`. An output the watch stopped is one `find_loop` flags.
+generated and reports the loop by the stricter `LoopSettings.live` thresholds, so that a loop costs
+the tokens up to its detection instead of up to `max_new_tokens`. An output it stopped is one
+`find_loop` flags.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -73,17 +57,9 @@ class LoopSettings:
         output ended, while a stop mid-answer also cuts repetition that the answer would have left
         (an empty grid drawn for 300 tokens, then filled in): the stop waits for more evidence, and
         the output it stops is one the flag marks too."""
-        return LoopSettings(**{**self.to_json(), "min_tokens": 2 * self.min_tokens})
+        return dataclasses.replace(self, min_tokens=2 * self.min_tokens)
 
-    def to_json(self) -> dict:
-        return {
-            "min_tokens": self.min_tokens,
-            "min_repeats": self.min_repeats,
-            "max_period": self.max_period,
-            "max_mismatch": self.max_mismatch,
-            "min_tokens_at_budget": self.min_tokens_at_budget,
-            "min_repeats_at_budget": self.min_repeats_at_budget,
-        }
+    to_json = dataclasses.asdict
 
 
 @dataclass(frozen=True)
@@ -96,15 +72,11 @@ class Loop:
     start: int
     mismatches: int = 0
 
-    @property
-    def repeats(self) -> float:
-        return self.covered / self.period
-
     def describe(self) -> str:
         differ = f", {self.mismatches} of them off the n-gram" if self.mismatches else ""
         return (
             f"the last {self.covered} tokens repeat a {self.period}-token n-gram "
-            f"{self.repeats:.1f} times (from output token {self.start}{differ})"
+            f"{self.covered / self.period:.1f} times (from output token {self.start}{differ})"
         )
 
 
