@@ -1,10 +1,6 @@
-"""The engine block of the validated config as types: one per engine kind, built once from the
-config (`EngineSettings.from_config`, the one place the kind is decided), so that no other module
-reads `engine[...]` or branches on its kind's name.
-
-- `SGLangServer`: each generate job launches `python -m sglang.launch_server` on its node;
-- `LocalServer`: each job launches the CPU stand-in (`python -m eagle3_datagen.engine`);
-- `ExternalServers`: running servers given by URL; nothing is launched, no GPU is the job's.
+"""The engine block of the validated config as types, one per engine kind (`SGLangServer`,
+`LocalServer`: the CPU stand-in, `ExternalServers`: running servers given by URL), built in one place
+(`EngineSettings.from_config`), so that no other module reads `engine[...]` or branches on its kind.
 """
 
 from dataclasses import dataclass

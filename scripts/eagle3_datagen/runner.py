@@ -1,13 +1,10 @@
-"""The one entry-point runner of every rule script: Snakemake's job or the command line, same call.
-
-    run(tokenize_prompts, globals().get("snakemake"))
+"""The one runner of every rule's step, under Snakemake or from the command line: `run(step, snakemake)`.
 
 A step is a plain function with keyword-only parameters named after its rule's inputs, outputs,
-params, wildcards and logs (`layout.PATHS` names the files, `workflow.PARAMS` the config values).
-Under Snakemake each parameter is taken from the job by that name; run by hand, the same names
-become options (`--prompts PATH`), and what is not given comes from the same tables for
-`--category`/`--shard` and `--config`. Logging goes to the rule's log (or stderr); an error is logged
-once with its traceback and re-raised, so the job fails.
+params, wildcards and logs. Under Snakemake each is taken from the job by that name; run by hand, the
+same names become options (`--prompts PATH`), and what is not given comes from `layout.PATHS` and
+`workflow.PARAMS` for `--category`/`--shard` and `--config`. An error is logged with its traceback
+and re-raised, so the job fails.
 """
 
 import argparse
@@ -45,9 +42,8 @@ def run(step: Callable, snakemake: Any = None, argv: list[str] | None = None, pr
 
 def peak_rss() -> str:
     """This process's peak resident memory (and its finished children's, such as a local engine).
-
-    Linux's VmHWM is this process's own high-water mark; getrusage's ru_maxrss would also count
-    the parent's memory at the fork (Snakemake's), so it is only the fallback."""
+    getrusage's ru_maxrss would also count the parent's memory at the fork (Snakemake's): Linux's
+    VmHWM comes first."""
     try:
         status = Path("/proc/self/status").read_text()
         own = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 1024
@@ -99,13 +95,7 @@ def _convert(value: Any, annotation: Any) -> Any:
 
 def from_snakemake(step: Callable, sm: Any) -> dict:
     """Each parameter by name from the job's input, output, params, wildcards or log (one of them)."""
-    sources = {
-        "input": dict(sm.input.items()),
-        "output": dict(sm.output.items()),
-        "params": dict(sm.params.items()),
-        "wildcards": dict(sm.wildcards.items()),
-        "log": dict(sm.log.items()),
-    }
+    sources = {kind: dict(getattr(sm, kind).items()) for kind in ("input", "output", "params", "wildcards", "log")}
     kwargs = {}
     for p in _parameters(step):
         found = [kind for kind, items in sources.items() if p.name in items]

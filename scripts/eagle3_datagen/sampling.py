@@ -1,9 +1,4 @@
-"""Where a category's rows get their sampling values: the sheet's cells per mode, the model's modes,
-the config's sampling block, the schema's defaults (`SAMPLING_PRECEDENCE`, written once for the README
-and every error), checked before any job runs.
-
-Imports `settings` only.
-"""
+"""Where a category's rows get their sampling values (`SAMPLING_PRECEDENCE`), checked before any job runs."""
 
 from eagle3_datagen.settings import SAMPLING_KEYS, ModelProfile, defaults
 

@@ -1,9 +1,7 @@
 """Typed views of the validated config: the model profile, budgets, client, pilot, export and demo settings.
 
-The config is validated against `schemas/config.schema.yaml` before anything reads it, and the
-schema is the one place that holds defaults: validation fills them in, and `defaults()` reads them for
-code that builds a settings object from part of a config (tests, benchmarks). These classes only give
-the validated dict names and types, so that library code never indexes raw dicts.
+The schema (`schemas/config.schema.yaml`) is the one place that holds defaults: validation fills them
+in, and `defaults()` reads them for code that builds settings from part of a config (tests, benchmarks).
 """
 
 import copy
@@ -354,5 +352,5 @@ def canonical_json(obj: Any) -> bytes:
 
 
 def stable_hash(obj: Any) -> str:
-    """sha256 of an object's canonical JSON: the same value always hashes the same."""
+    """sha256 of an object's canonical JSON."""
     return hashlib.sha256(canonical_json(obj)).hexdigest()

@@ -8,6 +8,8 @@ import dataclasses
 import json
 import logging
 import re
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +17,9 @@ import yaml
 
 from eagle3_datagen.engine_settings import EngineSettings
 from eagle3_datagen.sampling import sampling_for
-from eagle3_datagen.settings import Budget
+from eagle3_datagen.settings import RENAMED_KEYS, Budget, ModelProfile, ModeMix, defaults, validate_config
+from eagle3_datagen.storage.progress import ProgressOnly, terminal_format
+from eagle3_datagen.storage.prompt_rows import ReadOptions
 
 
 def load_sheet(path: str | Path):
@@ -31,8 +35,6 @@ def configure(config: dict, basedir: str | Path, configfiles=("config",)):
     """Everything a run checks before any job, in one place (rules/common.smk; tests): the config
     validated with the schema's defaults filled in, the engine, then the category sheet, each
     category's mode mix and sampling. Returns the sheet. `configfiles` name the config in errors."""
-    from eagle3_datagen.settings import validate_config
-
     validate_config(config, " + ".join(map(str, configfiles)))
     check_engine(config["engine"])
     sheet = load_sheet(config["categories"])
@@ -46,8 +48,6 @@ def validate_sheet(sheet, schema_path: str | Path, sheet_path: str | Path, confi
     and budget must resolve (`sampling.sampling_for`, `budget_for`)."""
     import jsonschema
 
-    from eagle3_datagen.settings import RENAMED_KEYS
-
     with open(schema_path) as fh:
         schema = yaml.safe_load(fh)
     validator = jsonschema.Draft202012Validator(schema)
@@ -57,10 +57,8 @@ def validate_sheet(sheet, schema_path: str | Path, sheet_path: str | Path, confi
     if "category" not in sheet.columns or "prompts" not in sheet.columns:
         raise ValueError(f"{sheet_path}: the sheet needs the columns 'category' and 'prompts' (tab-separated)")
     for line, record in enumerate(sheet.to_dict("records"), start=2):  # line 1 is the header
-        record = {k: v for k, v in record.items() if v == v}  # empty cells
-        for key, value in list(record.items()):
-            if isinstance(value, float) and value.is_integer():
-                record[key] = int(value)
+        # Empty cells are NaN, and a column with one is read as floats.
+        record = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in record.items() if v == v}
         for error in sorted(validator.iter_errors(record), key=lambda e: list(e.path)):
             where = f"field '{error.path[0]}'" if error.path else "row"
             problems.append(f"{sheet_path}:{line}: {where}: {error.message}")
@@ -100,9 +98,8 @@ def budget_for(config: dict, category: dict) -> dict:
     them keeps the budget it had. A mode whose min_new_tokens exceeds its max_new_tokens is refused:
     every row of it would be skipped."""
     cell = _cell(category, "max_new_tokens")
-    cell = None if cell is None else int(cell)
     budget = {
-        "max_new_tokens": cell if cell is not None else int(config["max_new_tokens"]),
+        "max_new_tokens": int(config["max_new_tokens"] if cell is None else cell),
         "min_new_tokens": int(config["min_new_tokens"]),
         "reserve_tokens": int(config["reserve_tokens"]),
     }
@@ -128,11 +125,7 @@ def budget_for(config: dict, category: dict) -> dict:
 
 def _reading(config: dict, category: dict) -> dict:
     """How to read the category's prompt file (prompt_rows.ReadOptions), from its row of the sheet."""
-    from dataclasses import asdict
-
-    from eagle3_datagen.storage.prompt_rows import ReadOptions
-
-    return asdict(ReadOptions.from_category(category, int(config["seed"])))
+    return dataclasses.asdict(ReadOptions.from_category(category, int(config["seed"])))
 
 
 def _cell(category: dict, key: str, default=None):
@@ -143,8 +136,6 @@ def _cell(category: dict, key: str, default=None):
 
 def _export(config: dict, category: dict) -> dict:
     """The export block, with the category's merge_turns where its row of the sheet sets one."""
-    from eagle3_datagen.settings import defaults
-
     export = defaults("export", **config.get("export", {}))
     merge = _cell(category, "merge_turns")
     if merge is not None:
@@ -155,8 +146,6 @@ def _export(config: dict, category: dict) -> dict:
 def mode_mix(config: dict, category: dict):
     """The category's serving-mode mix (`settings.ModeMix`), checked against the model's modes: its
     sheet cell, else the config's mode_mix, else the first mode."""
-    from eagle3_datagen.settings import ModelProfile, ModeMix
-
     cell = _cell(category, "mode_mix")
     names = ModelProfile.from_config(config["model"]).mode_names
     try:
@@ -201,14 +190,10 @@ def param(name: str, config: dict, category: dict | None = None):
     return PARAMS[name](config, category or {})
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> dict:
+def load_config(path: str | Path) -> dict:
     """The config as Snakemake would see it, validated against the schema (for command-line use)."""
-    from eagle3_datagen.settings import validate_config
-
     with open(path) as fh:
-        config = yaml.safe_load(fh)
-    config.update(overrides or {})
-    return validate_config(config, str(path))
+        return validate_config(yaml.safe_load(fh), str(path))
 
 
 def setup_logging(log_file: str | Path | None = None, level: int = logging.INFO) -> None:
@@ -216,8 +201,6 @@ def setup_logging(log_file: str | Path | None = None, level: int = logging.INFO)
 
     With a log file, progress lines (`storage.progress`) also go to stderr, which Snakemake shows in
     its terminal, named by the job's wildcards; every other line stays in the log file."""
-    from eagle3_datagen.storage.progress import ProgressOnly, terminal_format
-
     if log_file:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
         terminal = logging.StreamHandler(sys.stderr)
@@ -268,18 +251,14 @@ def check_engine(engine: dict) -> None:
 
 
 def check_slurm_status(settings, *, run=None) -> str:
-    """Make sure, before any job is submitted, that the SLURM executor can read its jobs' states.
+    """Make sure, before any job is submitted, that the SLURM executor can read its jobs' states;
+    returns what was decided.
 
-    snakemake-executor-plugin-slurm reads job states with `sacct` wherever the binary exists, and
-    `sacct` needs SLURM's accounting database: on a cluster without slurmdbd every query fails, and
-    Snakemake would wait for jobs it never sees finish, silently. So the query the plugin will run is
-    tried here; where it fails, the run reads job states with `squeue` instead (the plugin reads the
-    setting at each check) and says so — provided the cluster keeps a finished job visible to squeue
-    long enough (`MinJobAge` at least 3 x slurm-init-seconds-before-status-checks, the plugin's own
-    threshold); otherwise it stops with what to change. Returns what was decided."""
-    import shlex
-    import subprocess
-
+    The SLURM plugin reads job states with `sacct` wherever the binary exists, and without slurmdbd
+    every query fails: Snakemake would wait forever, silently. So the plugin's query is tried here;
+    where it fails, job states are read with `squeue` instead, provided a finished job stays visible
+    to it long enough (`MinJobAge` at least 3 x slurm-init-seconds-before-status-checks, the plugin's
+    own threshold); otherwise it stops with what to change."""
     run = run or (lambda cmd: subprocess.run(shlex.split(cmd), capture_output=True, text=True, timeout=30))
     command = getattr(settings, "status_command", None) or "sacct"
     init_s = int(getattr(settings, "init_seconds_before_status_checks", None) or 40)

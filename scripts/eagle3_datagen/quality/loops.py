@@ -43,13 +43,12 @@ class LoopSettings:
 
     @property
     def window(self) -> int:
-        """The tail of an output that decides whether it ends in a loop (with the four periods
-        before it that its first tokens are compared with)."""
+        """The tail of an output that decides whether it ends in a loop (with four periods before it)."""
         return self.need(self.max_period) + 4 * self.max_period
 
     @property
     def weight(self) -> float:
-        """What a sporadic mismatch costs beyond the match it is not: `a` of the module doc."""
+        """What a token off the n-gram costs beyond the match it is not: `a` of the module doc."""
         return (1 - 2 * self.max_mismatch) / (2 * self.max_mismatch)
 
     def live(self) -> "LoopSettings":
@@ -182,15 +181,12 @@ def _judge(x: np.ndarray, n: int, candidates: list[int], settings: LoopSettings,
 
 
 class LiveLoopWatch:
-    """Watches one output as it streams in: `feed(chunk)` after each chunk of new ids; it returns the
-    loop once the output so far ends in one by the `settings.live()` thresholds (then the request is
-    stopped), else None.
+    """Watches one output as it streams in: `feed(chunk)` returns the loop once the output so far ends
+    in one by the `settings.live()` thresholds, else None.
 
-    Only the last `window` tokens decide, so the watch keeps only those (and the count): its memory
-    and its work per chunk stay the same however long the output grows. Where no period passes the
-    screen, the tail is no loop, and a loop beginning after it cannot cover `need(1)` tokens before
-    `need(1) - SCREEN` more have come: the watch looks again only then, so most chunks of an answer
-    that is not looping cost one append."""
+    Only the last `window` tokens decide, so the watch keeps only those: its memory and work per chunk
+    stay the same however long the output grows. Where no period passes the screen, no loop can cover
+    `need(1)` tokens before `need(1) - SCREEN` more have come: the watch looks again only then."""
 
     def __init__(self, settings: LoopSettings):
         self.settings = settings.live()
