@@ -60,7 +60,7 @@ def sampling_for(config: dict, category: dict, modes: tuple[str, ...] | None = N
     per_mode = {}
     for mode in profile.mode_names:
         sampling = {key: base[key] for key in SAMPLING_KEYS if key in base}
-        sampling.update(profile.mode_sampling(mode))
+        sampling.update((profile.modes.get(mode) or {}).get("sampling") or {})
         sampling.update(cells.get(mode, {}))
         if "temperature" not in sampling:
             where = f"model.modes.{mode}.sampling.temperature, " if profile.modes else ""

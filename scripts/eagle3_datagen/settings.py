@@ -99,8 +99,7 @@ def defaults(*path: str, **given: Any) -> dict:
 
 
 class ConfigGroup:
-    """A config block as a frozen dataclass (`block` names it): the schema's defaults under the config's
-    values; a key the type does not know is an error, not ignored."""
+    """A config block (`block` names it) as a frozen dataclass, with the schema's defaults; an unknown key is an error."""
 
     block = ""
 
@@ -132,8 +131,7 @@ class ExportSettings(ConfigGroup):
     filters: dict
 
 
-# The SGLang version whose wire format the local engine speaks and whose parser semantics apply
-# unless the model profile names another one; written once, as the schema's default.
+# The SGLang version whose wire format and parser semantics apply unless the model profile names another.
 SGLANG_VERSION: str = _node(("model", "sglang_version"))["default"]
 
 # The one mode of a model profile that names no modes (model.modes).
@@ -237,15 +235,10 @@ class ModelProfile:
             base=self,
         )
 
-    def mode_sampling(self, name: str) -> dict:
-        """Mode `name`'s sampling overrides (empty for a profile without modes)."""
-        return dict((self.modes.get(name) or {}).get("sampling") or {})
-
 
 @dataclass(frozen=True)
 class Budget:
-    """How many new tokens a row may ask for (DESIGN §3): the run-wide values, and `modes`, each serving
-    mode's own where it has one ({mode: {max_new_tokens, min_new_tokens}}: `workflow.budget_for`)."""
+    """How many new tokens a row may ask for (DESIGN §3), and `modes`: {mode: {max_new_tokens, min_new_tokens}}."""
 
     max_new_tokens: int
     min_new_tokens: int

@@ -32,9 +32,8 @@ def load_sheet(path: str | Path):
 
 
 def configure(config: dict, basedir: str | Path, configfiles=("config",)):
-    """Everything a run checks before any job, in one place (rules/common.smk; tests): the config
-    validated with the schema's defaults filled in, the engine, then the category sheet, each
-    category's mode mix and sampling. Returns the sheet. `configfiles` name the config in errors."""
+    """Everything a run checks before any job (rules/common.smk): the config, with the schema's defaults
+    filled in, the engine, then the category sheet; returns the sheet. `configfiles` name the config in errors."""
     validate_config(config, " + ".join(map(str, configfiles)))
     check_engine(config["engine"])
     sheet = load_sheet(config["categories"])
@@ -84,8 +83,7 @@ def shard_count(category: dict) -> int:
     return int(category.get("shards", 1))
 
 
-# Where a row's budget comes from, first found wins; written once, for the docs and for the error a
-# budget that can fit no answer gets.
+# Where a row's budget comes from, first found wins; written once, for the docs and for the errors.
 BUDGET_PRECEDENCE = (
     "max_new_tokens: the category sheet's max_new_tokens cell, then model.modes.<mode>.max_new_tokens, then the "
     "config's max_new_tokens; min_new_tokens: model.modes.<mode>.min_new_tokens, then the config's min_new_tokens"
@@ -93,10 +91,9 @@ BUDGET_PRECEDENCE = (
 
 
 def budget_for(config: dict, category: dict) -> dict:
-    """A category's budget (`Budget`'s fields), each mode's from the first place that gives it
-    (BUDGET_PRECEDENCE); `modes` only where a mode has values of its own, so that a config without
-    them keeps the budget it had. A mode whose min_new_tokens exceeds its max_new_tokens is refused:
-    every row of it would be skipped."""
+    """A category's budget (`Budget`'s fields, `modes` only where a mode has values of its own), each
+    value from the first place that gives it (BUDGET_PRECEDENCE); refused where a mode's min_new_tokens
+    exceeds its max_new_tokens: every row of it would be skipped."""
     cell = _cell(category, "max_new_tokens")
     budget = {
         "max_new_tokens": int(config["max_new_tokens"] if cell is None else cell),
@@ -197,10 +194,8 @@ def load_config(path: str | Path) -> dict:
 
 
 def setup_logging(log_file: str | Path | None = None, level: int = logging.INFO) -> None:
-    """Configure logging once: to the rule's log file, or to stderr when run by hand.
-
-    With a log file, progress lines (`storage.progress`) also go to stderr, which Snakemake shows in
-    its terminal, named by the job's wildcards; every other line stays in the log file."""
+    """Configure logging once: to the rule's log file, or to stderr when run by hand. With a log file,
+    progress lines (`storage.progress`) also go to stderr, which Snakemake shows in its terminal."""
     if log_file:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
         terminal = logging.StreamHandler(sys.stderr)
@@ -245,7 +240,7 @@ def generate_job(engine: dict) -> dict:
 
 def check_engine(engine: dict) -> None:
     """Refuse, before any job runs, an engine configuration that would corrupt data."""
-    settings = EngineSettings.from_config(engine)  # refuses an sglang block without model_path or with a refused flag
+    settings = EngineSettings.from_config(engine)  # refuses an sglang block without model_path, or a refused flag
     if not settings.server.launched and not settings.server.urls:
         raise ValueError("engine.kind is external but engine.external.urls is empty")
 
@@ -263,12 +258,13 @@ def check_slurm_status(settings, *, run=None) -> str:
     command = getattr(settings, "status_command", None) or "sacct"
     init_s = int(getattr(settings, "init_seconds_before_status_checks", None) or 40)
 
-    def min_job_age() -> int | None:
+    def min_job_age(why: str, unknown_ok: bool) -> int | None:
+        """MinJobAge, refused with `why` where squeue would not see finished jobs long enough."""
         found = re.search(r"^MinJobAge\s*=\s*(\d+)", run("scontrol show config").stdout or "", re.MULTILINE)
-        return int(found.group(1)) if found else None
-
-    def too_short(age: int | None, why: str) -> ValueError:
-        return ValueError(
+        age = int(found.group(1)) if found else None
+        if (age is None and unknown_ok) or (age is not None and age >= 3 * init_s):
+            return age
+        raise ValueError(
             f"{why}, and squeue sees a finished job only for MinJobAge = {age if age is not None else 'unknown'} s "
             f"(scontrol show config | grep MinJobAge), less than 3 x slurm-init-seconds-before-status-checks "
             f"({init_s} s): the SLURM executor could never see jobs finish. Set slurm-init-seconds-before-status-checks "
@@ -284,10 +280,8 @@ def check_slurm_status(settings, *, run=None) -> str:
         if probe.returncode == 0:
             return "sacct"
         said = " / ".join((probe.stderr or probe.stdout).strip().splitlines()[:2]) or f"exit code {probe.returncode}"
-        age = min_job_age()
         why = f"SLURM's accounting does not answer here (`sacct` said: {said})"
-        if age is None or age < 3 * init_s:
-            raise too_short(age, why)
+        age = min_job_age(why, unknown_ok=False)
         try:
             settings.status_command = "squeue"
         except (AttributeError, TypeError):
@@ -300,8 +294,6 @@ def check_slurm_status(settings, *, run=None) -> str:
         )
         return "squeue (sacct does not answer)"
     if command == "squeue":
-        age = min_job_age()
-        if age is not None and age < 3 * init_s:
-            raise too_short(age, "slurm-status-command is squeue")
+        min_job_age("slurm-status-command is squeue", unknown_ok=True)
         return "squeue"
     return command

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from eagle3_datagen.quality.loops import LoopSettings, find_loop
+from eagle3_datagen.settings import defaults
 
 CODES = ("repetition_loop", "unfinished_reasoning", "stopped_in_reasoning", "empty_answer", "unexpected_stop")
 # Where the generation prompt sits: a reasoning opener or closer further back belongs to the history.
@@ -64,8 +65,6 @@ class QualitySettings:
 
     @classmethod
     def from_config(cls, quality: dict | None = None) -> "QualitySettings":
-        from eagle3_datagen.settings import defaults
-
         q = defaults("quality", **(quality or {}))
         return cls(
             policies={code: q["policies"][code] for code in CODES},
@@ -82,10 +81,7 @@ class QualitySettings:
 
     def quarantined(self, flags: Iterable[Flag]) -> Flag | None:
         """The first flag (in `CODES` order) whose policy is quarantine, or None: the row is kept."""
-        for flag in flags:
-            if self.policies.get(flag.code) == "quarantine":
-                return flag
-        return None
+        return next((flag for flag in flags if self.policies.get(flag.code) == "quarantine"), None)
 
     to_json = dataclasses.asdict
 
