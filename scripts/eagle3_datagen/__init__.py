@@ -1,8 +1,7 @@
 """eagle3-datagen: exact-token EAGLE-3 training data from SGLang's native /generate API.
 
-The package's subpackages are the pipeline's shape, lowest layer first; a module imports only from
-its own layer and those below it (tests/unit/test_architecture.py checks it, and that no import
-cycle exists):
+The subpackages are the pipeline's shape, lowest layer first; a module imports only from its own
+layer and those below it (tests/unit/test_architecture.py checks it):
 
   settings     the validated config as typed values (model profile, budgets, client, pilot, export, hashing)
   sampling     where a row's sampling values come from, in one order

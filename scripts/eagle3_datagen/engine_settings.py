@@ -159,11 +159,9 @@ class EngineSettings:
 
     @property
     def nodes(self) -> int:
-        """Nodes of the server a job launches."""
         return int(getattr(self.server, "nodes", 1))
 
     def fingerprint(self) -> dict:
-        """What identifies the server's answers before it starts, beside the model's name (the
-        caller adds the hash of `server.weights_dir`, where there is one)."""
+        """What identifies the server's answers before it starts, beside the model's name and `weights_dir`."""
         backend = {"backend": self.server.backend} if isinstance(self.server, LocalServer) else {}
         return {"kind": self.kind, **backend}

@@ -41,9 +41,8 @@ def run(step: Callable, snakemake: Any = None, argv: list[str] | None = None, pr
 
 
 def peak_rss() -> str:
-    """This process's peak resident memory (and its finished children's, such as a local engine).
-    getrusage's ru_maxrss would also count the parent's memory at the fork (Snakemake's): Linux's
-    VmHWM comes first."""
+    """This process's peak resident memory (and its finished children's, such as a local engine): Linux's
+    VmHWM, as getrusage's ru_maxrss would also count the parent's memory at the fork (Snakemake's)."""
     try:
         status = Path("/proc/self/status").read_text()
         own = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 1024
@@ -58,8 +57,7 @@ _PEAK_LINE = re.compile(r" done in [0-9.]+ s, peak RSS (\d+) MB(?: \(largest chi
 
 
 def logged_peak_rss(log_text: str) -> tuple[float, float] | None:
-    """The peak RSS in MB (the step's own, its largest finished child's or 0) that `run` logged when
-    the step ended, read from the step's log; None if it did not end."""
+    """(own, largest finished child's or 0) peak RSS in MB that `run` logged at the step's end, or None."""
     found = _PEAK_LINE.search(log_text)
     return None if found is None else (float(found.group(1)), float(found.group(2) or 0))
 
@@ -75,8 +73,7 @@ def _parameters(step: Callable) -> list[inspect.Parameter]:
 
 
 def _convert(value: Any, annotation: Any) -> Any:
-    """A value from Snakemake or argparse as the step's annotation asks (Path, list[Path], int,
-    Path | None, ...)."""
+    """A value from Snakemake or argparse as the step's annotation asks (Path, list[Path], Path | None, ...)."""
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         kinds = [a for a in typing.get_args(annotation) if a is not type(None)]
         if value is None:

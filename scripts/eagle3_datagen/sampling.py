@@ -14,9 +14,8 @@ SHEET_SAMPLING_KEYS = ("temperature", "top_p")
 
 def sheet_sampling(category: dict, modes: tuple[str, ...], every_mode: tuple[str, ...]) -> dict[str, dict]:
     """{mode: {key: value}} of a category's sampling cells, for the modes of its mix (`modes`; the
-    profile's are `every_mode`). A plain number is the category's where its mix has one mode; where it
-    has several, the cell names a value per mode (thinking:1.0,instant:0.6), so that one mode is never
-    silently sampled at the other's value."""
+    profile's are `every_mode`): a plain number where the mix has one mode, else a value per mode
+    (thinking:1.0,instant:0.6), so that one mode is never silently sampled at the other's value."""
     per_mode: dict[str, dict] = {mode: {} for mode in every_mode}
     for key in SHEET_SAMPLING_KEYS:
         value = category.get(key)
@@ -50,9 +49,8 @@ def sheet_sampling(category: dict, modes: tuple[str, ...], every_mode: tuple[str
 
 
 def sampling_for(config: dict, category: dict, modes: tuple[str, ...] | None = None) -> dict:
-    """The effective sampling values of one category, per serving mode ({mode: values}), each value
-    from the first place that gives it (SAMPLING_PRECEDENCE). `modes`: the modes the category's mix
-    uses (default: every mode of the profile), for its sheet cells. A mode without a temperature is refused."""
+    """A category's sampling values per serving mode ({mode: values}), each from the first place that
+    gives it (SAMPLING_PRECEDENCE); `modes`: those of its mix (default: all). No temperature is refused."""
     profile = ModelProfile.from_config(config["model"])
     modes = tuple(modes or profile.mode_names)
     base = defaults("sampling", **(config.get("sampling") or {}))

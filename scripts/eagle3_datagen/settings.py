@@ -28,8 +28,7 @@ SCHEMA_PATH = schema_path("config.schema.yaml")
 def schema() -> dict:
     import yaml
 
-    with open(SCHEMA_PATH) as fh:
-        return yaml.safe_load(fh)
+    return yaml.safe_load(SCHEMA_PATH.read_text())
 
 
 def _node(path: tuple[str, ...]) -> dict:
@@ -83,8 +82,7 @@ def validate_config(config: dict, source: str = "config") -> dict:
 
 
 def _open_required(instance: dict, node: dict) -> None:
-    """Add each missing required object of `node` as {}, so that validation names the keys it needs
-    (model.tokenizer, ...) rather than only the object."""
+    """Add each missing required object as {}, so that validation names the keys it needs (model.tokenizer)."""
     for key in node.get("required", []):
         sub = node.get("properties", {}).get(key, {})
         if sub.get("type") == "object" and key not in instance:
@@ -246,7 +244,6 @@ class Budget:
     modes: dict = field(default_factory=dict)
 
     def for_mode(self, mode: str) -> "Budget":
-        """The budget of a row of mode `mode`."""
         own = self.modes.get(mode) or {}
         return Budget(
             int(own.get("max_new_tokens", self.max_new_tokens)),

@@ -47,9 +47,7 @@ def validate_sheet(sheet, schema_path: str | Path, sheet_path: str | Path, confi
     and budget must resolve (`sampling.sampling_for`, `budget_for`)."""
     import jsonschema
 
-    with open(schema_path) as fh:
-        schema = yaml.safe_load(fh)
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = jsonschema.Draft202012Validator(yaml.safe_load(Path(schema_path).read_text()))
     problems = [
         f"{sheet_path}: column {old!r} is now called {new!r}" for old, new in RENAMED_KEYS.items() if old in sheet
     ]
@@ -151,10 +149,9 @@ def mode_mix(config: dict, category: dict):
         raise ValueError(f"field 'mode_mix': {exc}" if cell is not None else f"config key mode_mix: {exc}") from None
 
 
-# The params of every rule, by name: the rules take them from here (rules/common.smk: get_param),
-# and so does a script run by hand (runner). A category's values come from its row of the sheet;
-# without a row (a script run by hand without --category) the global values apply. Because each
-# rule declares exactly the params it reads, Snakemake reruns a job when one of them changes.
+# The params of every rule, by name, for the rules (rules/common.smk: get_param) and the runner: a
+# category's values come from its row of the sheet, else (no --category) the global values apply.
+# Each rule declares exactly the params it reads, so Snakemake reruns a job when one of them changes.
 PARAMS = {
     "model": lambda c, row: c["model"],
     "budget": budget_for,
@@ -189,8 +186,7 @@ def param(name: str, config: dict, category: dict | None = None):
 
 def load_config(path: str | Path) -> dict:
     """The config as Snakemake would see it, validated against the schema (for command-line use)."""
-    with open(path) as fh:
-        return validate_config(yaml.safe_load(fh), str(path))
+    return validate_config(yaml.safe_load(Path(path).read_text()), str(path))
 
 
 def setup_logging(log_file: str | Path | None = None, level: int = logging.INFO) -> None:

@@ -39,15 +39,12 @@ class AuditSettings:
 def loss_spans(mask: np.ndarray) -> list[tuple[int, int]]:
     """(start, end) of each maximal run of 1 in a 0/1 mask, in order."""
     edges = np.diff(np.concatenate(([0], mask.astype(np.int8), [0])))
-    starts = np.flatnonzero(edges == 1)
-    ends = np.flatnonzero(edges == -1)
-    return list(zip(starts.tolist(), ends.tolist()))
+    return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
 
 
 def output_end(ids: np.ndarray, start: int, end: int, facts: QualityFacts) -> int | None:
-    """Where the output of span `ids[start:end]` ends (after its stop id), or None: it ends on no stop.
-
-    The span's last id is a stop, or its last non-whitespace id is (the chat template's newline)."""
+    """Where the output of span `ids[start:end]` ends (after its stop id: its last id, or its last
+    non-whitespace id, before the chat template's newline), or None: it ends on no stop."""
     i = end - 1
     while i >= start and int(ids[i]) in facts.whitespace_ids and int(ids[i]) not in facts.stop_ids:
         i -= 1
@@ -57,8 +54,7 @@ def output_end(ids: np.ndarray, start: int, end: int, facts: QualityFacts) -> in
 
 
 def _int_array(value, kinds: str = "iu") -> np.ndarray | None:
-    """The value as an int64 array, or None where it is not a (possibly empty) list of integers
-    (`kinds`: the numpy kinds accepted; a mask may be JSON booleans)."""
+    """The value as an int64 array, or None: not a list of integers (numpy `kinds`: a mask may be booleans)."""
     if not isinstance(value, list):
         return None
     if not value:
@@ -67,9 +63,7 @@ def _int_array(value, kinds: str = "iu") -> np.ndarray | None:
         array = np.asarray(value)
     except (ValueError, TypeError):
         return None
-    if array.ndim != 1 or array.dtype.kind not in kinds:
-        return None
-    return array.astype(np.int64)
+    return array.astype(np.int64) if array.ndim == 1 and array.dtype.kind in kinds else None
 
 
 def _vocab_flags(ids: np.ndarray, vocab_size: int) -> list[Flag]:

@@ -105,8 +105,7 @@ def _reasoning_state(prompt_ids, output_ids, facts: QualityFacts) -> tuple[bool,
 def _empty_answer(output_ids: list, last_end: int | None, body_end: int, facts: QualityFacts) -> str | None:
     """What makes a stopped answer empty (its answer part, after the reasoning's end where the
     output closes it, else the whole output, is whitespace only), or None."""
-    start = 0 if last_end is None else last_end + 1
-    after = output_ids[start:body_end]
+    after = output_ids[0 if last_end is None else last_end + 1 : body_end]
     if not all(t in facts.whitespace_ids for t in after):
         return None
     what = f"only {len(after)} whitespace tokens" if after else "nothing"

@@ -11,7 +11,7 @@ class Gate:
     def __init__(self, settings: QualitySettings, facts: QualityFacts):
         self.settings = settings
         self.facts = facts
-        self.kept: Counter = Counter()  # (code, turn) -> rows kept in the dataset with that flag
+        self.kept: Counter = Counter()  # (code, turn, mode) -> rows kept in the dataset with that flag
 
     @classmethod
     def from_provenance(cls, quality: dict | None, provenance: dict) -> "Gate":
@@ -24,8 +24,7 @@ class Gate:
         return flags, self.settings.quarantined(flags)
 
     def count_kept(self, flags: list[Flag], turn: int, mode: str = DEFAULT_MODE) -> None:
-        for flag in flags:
-            self.kept[(flag.code, int(turn), mode)] += 1
+        self.kept.update((flag.code, int(turn), mode) for flag in flags)
 
     def stats(self) -> dict:
         """What the dataset's provenance records: the gate's settings and the kept rows' flags, per

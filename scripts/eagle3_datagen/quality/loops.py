@@ -63,8 +63,7 @@ class LoopSettings:
 
 @dataclass(frozen=True)
 class Loop:
-    """A loop found at the end of an output: its period, the tokens it covers, where it starts, and
-    how many of its compared tokens differ from the copies before them."""
+    """A loop at the end of an output: its period, the tokens it covers, its start, its tokens off the n-gram."""
 
     period: int
     covered: int
@@ -85,9 +84,8 @@ def _as_array(ids) -> np.ndarray:
 
 def _screen(x: np.ndarray, n: int, top: int) -> dict[int, int]:
     """Per period 1..top that one of the last 4 tokens of `x[:n]` repeats from a period before: how
-    many of the last `SCREEN` tokens differ from the token a period before them. (A loop whose last
-    4 tokens all differ from the copy before is seen a chunk later, or not at all where its tokens
-    are so far off their n-gram.)"""
+    many of the last `SCREEN` tokens differ from the token a period before them (a loop whose last 4
+    tokens all differ from the copy before is seen a chunk later, or never if it is that far off)."""
     back = _back(top)
     periods = np.flatnonzero((x[n - 4 : n, None] == x[n + back[-4:]]).any(axis=0)) + 1
     k = min(SCREEN, n - top)
