@@ -7,7 +7,7 @@ the CPU, and by the generate and pilot steps that send what it finds.
 import hashlib
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from eagle3_datagen.engine_settings import EngineSettings
@@ -43,17 +43,8 @@ class Plan:
 
     def summary(self) -> dict:
         """The cost preview: what a run would send, and what it already has (counted in turns)."""
-        return {
-            "to_send": self.to_send,
-            "reused": self.reused,
-            "reused_output_tokens": self.reused_output_tokens,
-            "skipped": self.skipped,
-            "prompt_tokens_to_send": self.prompt_tokens_to_send,
-            "max_new_tokens_to_send": self.max_new_tokens_to_send,
-            "later_turns": self.later_turns,
-            "ended_turns": self.ended_turns,
-            "by_mode": {mode: {"to_send": n, "max_new_tokens_to_send": t} for mode, (n, t) in self.by_mode.items()},
-        }
+        by_mode = {mode: {"to_send": n, "max_new_tokens_to_send": t} for mode, (n, t) in self.by_mode.items()}
+        return asdict(self) | {"by_mode": by_mode}
 
 
 # The prompts table's columns that planning and sending read (not the messages).

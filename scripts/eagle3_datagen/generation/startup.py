@@ -1,14 +1,9 @@
 """What stops a launched server before it serves, and the one message a job ends with then.
 
-Before launching: the GPUs a tensor-parallel SGLang server needs against those the job sees
-(`check_gpus`), a model path that does not exist (`check_model_path`), and a port the user fixed
-(`--port` in `engine.sglang.extra_args`). While it starts:
-who listens on its port (`port_owner`): another process there means it cannot bind, and a `/health`
-answered there is not its own. When it fails: the cause, from its exit code and the port's owner,
-named more closely from the log's last lines where they show a known cause (`cause`).
-
+Before launching: too few GPUs (`check_gpus`), a missing model path (`check_model_path`), a port
+the user fixed that is taken (`user_port`). While it starts: who listens on its port (`port_owner`).
+When it fails: the cause, from its exit code, named more closely by the log's last lines (`cause`).
 Control flow follows process state, ports and HTTP status; the log's text only names a cause.
-Imports only the standard library.
 """
 
 import os
@@ -89,18 +84,13 @@ def visible_gpus(environ, dev: Path = Path("/dev")) -> tuple[int | None, str]:
     return (min(count, len(files)) if files else 0), f"CUDA_VISIBLE_DEVICES={visible!r}, {where}"
 
 
-def gpus_needed(sglang: SGLangServer) -> int:
-    """GPUs the server needs on this node: its tensor-parallel size, shared by its nodes."""
-    return sglang.gpus
-
-
 def check_gpus(sglang: SGLangServer, environ=os.environ, dev: Path = Path("/dev")) -> None:
     """Refuse, before launching, an SGLang server that needs more GPUs than the job sees. A server
     told to run elsewhere (`--device cpu`, or any device but cuda) is not counted."""
     device = flag_value(list(sglang.extra_args), "--device")
     if device not in (None, "cuda"):
         return
-    needed = gpus_needed(sglang)
+    needed = sglang.gpus  # on this node: the tensor-parallel size, shared by the server's nodes
     seen, where = visible_gpus(environ, dev)
     if seen is None or seen >= needed:
         return
