@@ -301,14 +301,11 @@ class AnswerCheck:
 
     def _settle(self, url: str | None, refusal: str | None) -> None:
         """End the waits of `url`'s answers (every server's: None): kept, or refused with `refusal`."""
-        waiting = []
         for held_url, future in self._held:
-            if future.done():
+            if future.done() or url not in (None, held_url):
                 continue
-            if url is not None and held_url != url:
-                waiting.append((held_url, future))
-            elif refusal is None:
+            if refusal is None:
                 future.set_result(None)
             else:
                 future.set_exception(ServerMismatch(refusal))
-        self._held = waiting
+        self._held = [(held_url, future) for held_url, future in self._held if not future.done()]

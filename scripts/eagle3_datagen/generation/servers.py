@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from contextlib import contextmanager, suppress
 from dataclasses import KW_ONLY, dataclass, field
+from functools import partial
 from pathlib import Path
 
 from eagle3_datagen.engine_settings import EngineSettings, SGLangServer
@@ -223,15 +224,13 @@ def servers(
     if not engine.server.launched:
         yield Servers(list(engine.server.urls))
         return
+    launch = partial(_managed_server, engine, profile, log_path=log_path, key=key, streaming=incremental_streaming)
     if engine.nodes > 1:  # rank 0 here, launched as any server is; the other ranks: `nodes`
         port = user_port(list(engine.server.extra_args)) or free_port()
         with across_nodes(
             engine, port=port, profile=profile, log_path=log_path, key=key, streaming=incremental_streaming
         ) as ranks:
-            ranks.head = _managed_server(
-                engine, profile, port=port, log_path=log_path, key=key, streaming=incremental_streaming,
-                rank_args=ranks.head_args, watch=ranks.failed_rank,
-            )  # fmt: skip
+            ranks.head = launch(port=port, rank_args=ranks.head_args, watch=ranks.failed_rank)
             with ranks.head as url:
                 yield Servers([url], ranks.head, ranks)
         return
@@ -251,9 +250,7 @@ def servers(
     note = " (--port in engine.sglang.extra_args)" if fixed is not None else ""
     for attempt in (1, 2):
         port = fixed or free_port()
-        server = _managed_server(
-            engine, profile, port=port, log_path=log_path, key=key, streaming=incremental_streaming
-        )
+        server = launch(port=port)
         server.port_note = note
         try:
             url = server.start()
