@@ -90,18 +90,10 @@ def live_stop_columns(totals: dict, rate: float | None, gpus: int | None) -> dic
 
 
 def projection_row(
-    category: str,
-    measures: list[dict],
-    run: dict,
-    *,
-    mode: str = DEFAULT_MODE,
-    population: int | None = None,
-    journal_per_request: float | None = None,
+    category: str, measures: list[dict], run: dict, *, mode: str, population: int, journal_per_request: float
 ) -> dict:
-    """One category's (or one of its modes') projection over `population` conversations (default: the
-    category's usable ones) from the pilot's `measures` of them; `journal_per_request` (default: the
-    pilot journal's bytes per request of `measures`) sizes the full run's journal."""
-    population = run["usable_conversations"] if population is None else population
+    """One mode of a category: its projection over `population` conversations from the pilot's
+    `measures` of them; `journal_per_request` sizes the full run's journal."""
     n = len(measures)
     totals = project(measures, population, MEASURES + LIVE_STOP_MEASURES)
     client = run.get("client") or {}
@@ -109,8 +101,6 @@ def projection_row(
     tokens, tokens_ci = totals["output_tokens"]
     gpus = run["server_gpus"]
     server_h, gpu_h = hours(tokens, rate, gpus)
-    if journal_per_request is None:
-        journal_per_request = run["journal_bytes"] / max(sum(m["requests"] for m in measures), 1)
     requests = totals["requests"][0]
     dataset = totals["dataset_bytes"][0]
     # The category JSONL and its copy in train.jsonl, the journal, and three Parquet files of about

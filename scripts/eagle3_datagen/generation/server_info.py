@@ -125,17 +125,6 @@ class LoadReader:
         return total
 
 
-async def _server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
-    infos = {}
-    for url in urls:
-        server_info = await fetch_info(url, "server_info", headers=headers)
-        for warning in check_server_info(server_info, context_length=profile.context_length, url=url):
-            log.warning(warning)
-        model_info = await fetch_info(url, "model_info", headers=headers)
-        infos[url] = {"server_info": redact(server_info), "model_info": redact(model_info)}
-    return infos
-
-
 def seeds_honoured(infos: dict) -> bool:
     """Whether every server honoured the requests' sampling_seed: only with --enable-deterministic-inference."""
     return bool(infos) and all(bool(i["server_info"].get("enable_deterministic_inference")) for i in infos.values())
@@ -143,4 +132,12 @@ def seeds_honoured(infos: dict) -> bool:
 
 def server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
     """Each server's /server_info and /model_info (secrets hidden), after the start-up checks."""
-    return asyncio.run(_server_provenance(urls, profile, headers))
+
+    async def read(url: str) -> dict:
+        server_info = await fetch_info(url, "server_info", headers=headers)
+        for warning in check_server_info(server_info, context_length=profile.context_length, url=url):
+            log.warning(warning)
+        model_info = await fetch_info(url, "model_info", headers=headers)
+        return {"server_info": redact(server_info), "model_info": redact(model_info)}
+
+    return {url: asyncio.run(read(url)) for url in urls}

@@ -305,9 +305,9 @@ def attempt_logs(server_log: Path):
     beside `server_log`; the job's own log lines also go to the same name with `.log`, after a
     header naming the attempt. When the attempt ends (however it ends, short of SIGKILL), its server
     log is copied to `server_log`, where the rule declares it."""
-    job = os.environ.get("SLURM_JOB_ID")
+    job, host, pid = os.environ.get("SLURM_JOB_ID"), socket.gethostname(), os.getpid()
     stem = server_log.name.removesuffix(".server.log").removesuffix(".log")
-    tag = f"{time.strftime('%Y%m%d-%H%M%S')}.{socket.gethostname()}.{os.getpid()}" + (f".slurm{job}" if job else "")
+    tag = f"{time.strftime('%Y%m%d-%H%M%S')}.{host}.{pid}" + (f".slurm{job}" if job else "")
     folder = server_log.parent / "attempts"
     folder.mkdir(parents=True, exist_ok=True)
     n = 0
@@ -319,14 +319,8 @@ def attempt_logs(server_log: Path):
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
-    log.info(
-        "attempt on %s, pid %d%s; this attempt's logs: %s, %s",
-        socket.gethostname(),
-        os.getpid(),
-        f", SLURM job {job}" if job else "",
-        client_log,
-        attempt_server_log,
-    )
+    slurm = f", SLURM job {job}" if job else ""
+    log.info("attempt on %s, pid %d%s; this attempt's logs: %s, %s", host, pid, slurm, client_log, attempt_server_log)
     try:
         yield attempt_server_log
     except BaseException as exc:  # the attempt's own log says how it ended

@@ -10,6 +10,8 @@ import os
 import re
 import signal
 import socket
+from contextlib import suppress
+from itertools import takewhile
 from pathlib import Path
 
 from eagle3_datagen.engine_settings import SGLangServer
@@ -76,11 +78,7 @@ def visible_gpus(environ, dev: Path = Path("/dev")) -> tuple[int | None, str]:
     if visible is None:
         return len(files), where
     # CUDA stops at the first entry that names no device: "-1" (or SLURM's NoDevFiles) hides the rest.
-    count = 0
-    for entry in visible.split(","):
-        if entry.strip() in ("", "-1", "NoDevFiles"):
-            break
-        count += 1
+    count = len(list(takewhile(lambda entry: entry.strip() not in ("", "-1", "NoDevFiles"), visible.split(","))))
     return (min(count, len(files)) if files else 0), f"CUDA_VISIBLE_DEVICES={visible!r}, {where}"
 
 
@@ -153,17 +151,11 @@ def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
 def _socket_inodes(pids: list[int]) -> set[int]:
     inodes = set()
     for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(int(target[8:-1]))
+        with suppress(OSError):  # a process gone, or one this user may not read
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with suppress(OSError):
+                    if (target := os.readlink(f"/proc/{pid}/fd/{fd}")).startswith("socket:["):
+                        inodes.add(int(target[8:-1]))
     return inodes
 
 
