@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -162,12 +163,6 @@ def expected_texts(
     return [sglang] if sglang == alone else [sglang, alone]
 
 
-def first_difference(a: str, b: str) -> int:
-    """The first position where `a` and `b` differ (the shorter one's length if one begins the other)."""
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
-
-
 def excerpt(text: str, at: int) -> str:
     """A few characters of `text` either side of position `at`, quoted (escapes shown)."""
     start = max(0, at - EXCERPT_CHARS // 2)
@@ -193,7 +188,7 @@ def check_answer_text(
     if server_text in expected:
         return None
     ours = expected[0]
-    at = first_difference(server_text, ours)
+    at = len(os.path.commonprefix([server_text, ours]))  # where they first differ
     return (
         f"its text ({len(server_text)} characters) and the {len(output_ids)} output ids decoded by the config's "
         f"tokenizer ({len(ours)} characters) first differ at character {at}: server {excerpt(server_text, at)} "

@@ -303,12 +303,6 @@ def _running(pid: int) -> bool:
         return False
 
 
-def rank_log(log_path: Path, rank: int) -> Path:
-    return log_path.with_name(
-        log_path.name.removesuffix(".server.log").removesuffix(".log") + f".rank{rank}.server.log"
-    )
-
-
 @contextmanager
 def across_nodes(engine: EngineSettings, *, port: int, profile, log_path: Path, key: str | None, streaming: bool):
     """Start the ranks but rank 0 on the job's other nodes and yield them (`Ranks`; the caller starts
@@ -324,11 +318,12 @@ def across_nodes(engine: EngineSettings, *, port: int, profile, log_path: Path, 
         engine, port=port, context_length=profile.context_length, api_key=key, incremental_streaming=streaming
     )
     env = rank_env(server_env(sglang.env))
+    stem = log_path.name.removesuffix(".server.log").removesuffix(".log")
     ranks = []
     for i, node in enumerate(where.others, start=1):
         rank_cmd = cmd + node_args(engine, rank=i, dist_init_addr=where.dist_init_addr)
         srun = srun_command(sglang, node, cpus=engine.job.cpus, cmd=rank_cmd)
-        ranks.append(Rank(i, node, srun, rank_log(log_path, i), env))
+        ranks.append(Rank(i, node, srun, log_path.with_name(f"{stem}.rank{i}.server.log"), env))
     head_args = tuple(node_args(engine, rank=0, dist_init_addr=where.dist_init_addr))
     log.info(
         "one server across %d nodes: rank 0 on %s (this node), %s; they meet at %s",

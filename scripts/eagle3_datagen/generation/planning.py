@@ -84,21 +84,13 @@ def model_dir_fingerprint(model_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
-def server_fingerprint(engine: EngineSettings | dict) -> dict:
-    """What identifies the server's model, known before any server starts.
-
-    For an external server nothing can be read before the run: model.name (part of the model
-    fingerprint) identifies what it serves, so change the name when the served model changes.
-    """
-    settings = EngineSettings.of(engine)
-    fingerprint = settings.fingerprint()
-    if settings.server.weights_dir is not None:
-        fingerprint["weights"] = model_dir_fingerprint(settings.server.weights_dir)
-    return fingerprint
-
-
-def make_template(facts: dict, profile: ModelProfile, sampling: dict, engine: EngineSettings | dict) -> RequestTemplate:
+def make_template(facts: dict, profile: ModelProfile, sampling: dict, engine: EngineSettings) -> RequestTemplate:
     """The request parts shared by every row, from the token facts of the prompts table."""
+    # What identifies the server's model, known before any server starts. Nothing can be read from
+    # an external server before the run: model.name (in the fingerprint) names what it serves.
+    server = engine.fingerprint()
+    if engine.server.weights_dir is not None:
+        server["weights"] = model_dir_fingerprint(engine.server.weights_dir)
     fingerprint = {
         "model": profile.name,
         "tokenizer_sha256": facts["tokenizer_sha256"],
@@ -106,7 +98,7 @@ def make_template(facts: dict, profile: ModelProfile, sampling: dict, engine: En
         "vocab_size": facts["vocab_size"],
         "chat_template_kwargs": profile.chat_template_kwargs,
         "sglang_version": profile.sglang_version,
-        "server": server_fingerprint(engine),
+        "server": server,
     }
     return RequestTemplate(
         sampling=dict(sampling),
