@@ -74,12 +74,10 @@ class PortTaken(ServerError):
 
 @dataclass(eq=False)
 class ManagedServer:
-    """A server process owned by this job: `with ManagedServer(...) as url:`.
-
-    Start-up ends at the first of: `/health` answering 200 from this server's own process group, the
-    server's exit, another process listening on its port, or `startup_timeout_s`. Any end but the
-    first stops the whole group and raises one ServerError: the cause (`describe(exit code, log
-    tail)` names it), then the log's last lines."""
+    """A server process owned by this job: `with ManagedServer(...) as url:`. Start-up ends at the
+    first of: `/health` answering 200 from its own process group, its exit, another process on its
+    port, `startup_timeout_s`; any but the first stops the group and raises one ServerError (the
+    cause, as `describe(exit code, log tail)` names it, then the log's last lines)."""
 
     cmd: list[str]
     _: KW_ONLY
@@ -214,12 +212,9 @@ def servers(
     key: str | None,
     incremental_streaming: bool = False,
 ):
-    """Where to send requests: a server this job launches (`sglang`, `local`), or running ones (`external`).
-    `incremental_streaming`: a launched server streams each chunk's new tokens only (the live loop stop).
-
-    A launched SGLang server is refused before it starts where its model path does not exist, the job
-    sees fewer GPUs than it needs, or the port `engine.sglang.extra_args` fixes is taken. A port this job chose and another process
-    took while the server started (the server can only bind it late) is given up once for another."""
+    """Where to send requests: a server this job launches (`sglang`, `local`; streaming each chunk's
+    new tokens only with `incremental_streaming`), or running ones (`external`). A port this job chose
+    and another process took while the server started (it binds late) is given up once for another."""
     engine = EngineSettings.of(engine)
     if not engine.server.launched:
         yield Servers(list(engine.server.urls))
@@ -298,13 +293,10 @@ def _managed_server(
 
 @contextmanager
 def attempt_logs(server_log: Path):
-    """Every attempt of a job keeps its own logs: Snakemake empties a job's declared logs when it
-    runs it again, so a killed or failed attempt's evidence would be gone after the rerun.
-
-    Yields the attempt's server log, `attempts/<name>.<time>.<host>.<pid>[.slurm<id>].server.log`
-    beside `server_log`; the job's own log lines also go to the same name with `.log`, after a
-    header naming the attempt. When the attempt ends (however it ends, short of SIGKILL), its server
-    log is copied to `server_log`, where the rule declares it."""
+    """Every attempt of a job keeps its own logs (Snakemake empties a job's declared logs when it
+    reruns it): yields `attempts/<name>.<time>.<host>.<pid>[.slurm<id>].server.log` beside
+    `server_log`, the job's own lines going to the same name with `.log`. When the attempt ends
+    (short of SIGKILL), its server log is copied to `server_log`, where the rule declares it."""
     job, host, pid = os.environ.get("SLURM_JOB_ID"), socket.gethostname(), os.getpid()
     stem = server_log.name.removesuffix(".server.log").removesuffix(".log")
     tag = f"{time.strftime('%Y%m%d-%H%M%S')}.{host}.{pid}" + (f".slurm{job}" if job else "")
