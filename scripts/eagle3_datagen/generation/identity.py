@@ -2,36 +2,18 @@
 `/model_info` and `/server_info` say at start-up, and the `text` of its first answers against the
 job's own tokenizer (`model.tokenizer`).
 
-Start-up (`check_model_info`). SGLang 0.5.23's `/model_info` (http_server.py `model_info`) holds
-`model_path`, `served_model_name`, `tokenizer_path`, `is_generation`, `model_type`,
-`architectures` and serving flags; `/server_info` holds the resolved server arguments. Neither holds
-a vocabulary size (the detokenizer's `len(tokenizer)` is not published), and what they do hold
-mostly cannot be compared with the config reliably: paths are the server's own names (the same files
-may be mounted elsewhere, or named by a hub id), `served_model_name` defaults to the path,
-`model.name` is a label, and `model_type`/`architectures` name a model family whose members share a
-tokenizer. So the start-up check refuses only what cannot serve this job at all (`is_generation`
-false: an embedding or reward model; `skip_tokenizer_init`: answers without text, so the tokenizer
-could not be checked), and logs the identity the server gives.
+Start-up (`check_model_info`): SGLang 0.5.23 publishes no vocabulary size, and the paths, names and
+model family it gives cannot be compared with the config reliably (the same files mounted
+elsewhere, a hub id, tokenizers shared across a family). So only a server that cannot serve this
+job at all is refused (`is_generation` false; `skip_tokenizer_init`: answers without text), and the
+identity it gives is logged.
 
-Answers (`AnswerCheck`, `check_answer_text`). Requests ask for `skip_special_tokens: false` and
-`no_stop_trim: true` and name no stop string, so the `text` of a non-streamed 0.5.23 answer
-(tokenizer_manager `_handle_batch_output`: the detokenizer's pieces joined) is the output ids as
-the server's tokenizer decodes them, loaded with `clean_up_tokenization_spaces=False`
-(hf_transformers/tokenizer.py `get_tokenizer`); `spaces_between_special_tokens` (SGLang's default,
-true) reaches only fast tokenizers, which ignore it under transformers 5, and slow ones are called
-with no keyword (patch_tokenizer `decode_without_hf_kwargs`): `sglang_decode` makes the same call.
-The detokenizer (detokenizer_manager.py `_decode_batch_token_id_output`) decodes incrementally, also
-for requests that are not streamed (the scheduler delivers their ids every 50 tokens), and
-`sglang_text` does what it does. For a byte-level BPE tokenizer (Qwen3, Kimi's tiktoken) its pieces
-join to `decode(output_ids)`, an answer cut inside a character ending in "\ufffd" in both, except
-at two edges, where the check expects SGLang's text: the first piece is decoded after the prompt's
-last 5 ids (a prompt ending inside a character, or a decoder that drops a text's leading space,
-changes the start), and where two deliveries in a row end inside a character, text can be sent
-twice (`sglang_text`). The ids decoded whole are accepted too: that is the local engine's text.
-
-A server's first `CHECKED_ANSWERS` ok answers are checked, and held (not journalled) until that
-many agree, or until nothing else can come: an answer that agrees by chance (a tokenizer sharing
-most of the vocabulary) is never kept from a server a later answer shows to be wrong.
+Answers (`AnswerCheck`): our requests (`skip_special_tokens: false`, `no_stop_trim: true`, no stop
+string) make an answer's `text` the output ids as the server's tokenizer decodes them, through
+SGLang's incremental detokenizer (`sglang_text` does what it does, edges included); the ids decoded
+whole, the local engine's text, are accepted too. A server's first `CHECKED_ANSWERS` ok answers are
+checked and held (not journalled) until that many agree, or until nothing else can come: an answer
+that agrees by chance is never kept from a server a later answer shows to be wrong.
 
 Imports nothing of the package.
 """
@@ -40,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import orjson
@@ -129,15 +113,17 @@ def sglang_text(
     interval: int = FORCE_STREAM_INTERVAL,
     streamed: bool = False,
 ) -> str:
-    """The `text` of a non-streamed answer, made as SGLang 0.5.23 makes it: the ids reach the
-    detokenizer every `interval` tokens and at the end (output_streamer `accept`), and
-    `_decode_batch_token_id_output` turns each delivery into a piece, joined by the tokenizer manager.
+    """The `text` of an answer, made as SGLang 0.5.23 makes it: the ids reach the detokenizer every
+    `interval` tokens (a streamed answer: its first token too) and at the end (output_streamer
+    `accept`), and detokenizer_manager `_decode_batch_token_id_output` turns each delivery into a
+    piece, joined by the tokenizer manager.
 
     A piece is `decode(context + new)[len(decode(context)):]`, the first context being the prompt's
-    last ids; a piece ending in "\ufffd" (a character not complete yet) is not committed, and only
-    its `find_printable_text` part is sent. That part can shrink from one such delivery to the next,
-    and SGLang then sends the difference twice: text repeated where two deliveries in a row end
-    inside a character (rare at 50 tokens a delivery; reproduced here, not corrected)."""
+    last `SURROGATE_IDS` ids (a prompt ending inside a character changes the start); a piece ending
+    in "\ufffd" (a character not complete yet) is not committed, and only its `find_printable_text`
+    part is sent. That part can shrink from one such delivery to the next, and SGLang then sends the
+    difference twice: text repeated where two deliveries in a row end inside a character (rare at
+    50 tokens a delivery; reproduced here, not corrected)."""
     context = list(prompt_ids)[-SURROGATE_IDS:]
     ids = context + list(output_ids)
     surr, read = 0, len(context)
@@ -168,23 +154,13 @@ def expected_texts(
     prompt_ids: Sequence[int] | None = None,
     stream_interval: int | None = None,
 ) -> list[str]:
-    """The texts a server on `tokenizer` may answer for `output_ids`: SGLang's (`sglang_text`, after
-    the prompt's last ids when the prompt is known; for a streamed answer, delivered as the stream
-    was: its first token, then every `stream_interval` tokens), and the ids decoded whole, as the
-    local engine answers; one where they agree (a byte-level BPE tokenizer, no delivery inside a
-    character)."""
+    """The texts a server on `tokenizer` may answer for `output_ids`: SGLang's (`sglang_text`; a
+    streamed answer delivered every `stream_interval` tokens), and the ids decoded whole, as the
+    local engine answers; one where they agree."""
     alone = sglang_decode(tokenizer, output_ids)
-    if stream_interval is None:
-        sglang = sglang_text(tokenizer, output_ids, prompt_ids or ())
-    else:
-        sglang = sglang_text(tokenizer, output_ids, prompt_ids or (), max(1, stream_interval), streamed=True)
+    interval = FORCE_STREAM_INTERVAL if stream_interval is None else max(1, stream_interval)
+    sglang = sglang_text(tokenizer, output_ids, prompt_ids or (), interval, streamed=stream_interval is not None)
     return [sglang] if sglang == alone else [sglang, alone]
-
-
-def first_difference(a: str, b: str) -> int:
-    """The first position where `a` and `b` differ (the shorter one's length if one begins the other)."""
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def excerpt(text: str, at: int) -> str:
@@ -202,10 +178,8 @@ def check_answer_text(
     prompt_ids: Sequence[int] | None = None,
     stream_interval: int | None = None,
 ) -> str | None:
-    """None when a server's `text` is what a server on `tokenizer` answers for `output_ids`
-    (`expected_texts`: SGLang's text, made after the prompt's last ids when `prompt_ids` are given,
-    or the ids decoded whole); else why not, with the first differing position and the texts around
-    it (against SGLang's text)."""
+    """None when a server's `text` is one of the `expected_texts` for `output_ids`; else why not, with
+    the first differing position and the texts around it (against SGLang's text)."""
     if server_text is None:
         return "the answer has no `text` (a server started with --skip-tokenizer-init answers none)"
     if not isinstance(server_text, str):
@@ -214,7 +188,7 @@ def check_answer_text(
     if server_text in expected:
         return None
     ours = expected[0]
-    at = first_difference(server_text, ours)
+    at = len(os.path.commonprefix([server_text, ours]))  # where they first differ
     return (
         f"its text ({len(server_text)} characters) and the {len(output_ids)} output ids decoded by the config's "
         f"tokenizer ({len(ours)} characters) first differ at character {at}: server {excerpt(server_text, at)} "
@@ -253,14 +227,6 @@ class AnswerCheck:
         """How many answers wait for their server to be confirmed."""
         return sum(not future.done() for _, future in self._held)
 
-    def compare(
-        self, text: Any, output_ids: Sequence[int], prompt_ids: Sequence[int], stream_interval: int | None = None
-    ) -> str | None:
-        """`check_answer_text` with the job's tokenizer (run where the tokenizer's other users run)."""
-        return check_answer_text(
-            text, output_ids, self.tokenizer, prompt_ids=prompt_ids, stream_interval=stream_interval
-        )
-
     def record(self, url: str, rid: str, reason: str | None) -> None:
         """Count an answer of `url` that agreed (reason None), or refuse `url` for one that did not."""
         if url in self.refused:
@@ -298,12 +264,15 @@ class AnswerCheck:
         answer was streamed in chunks of that many tokens (its text was made as they were sent)."""
         if not self.wants(url):
             return
-        text = answer_text(raw)
-        args = (text, output_ids, prompt_ids, stream_interval)
-        if pool is None:
-            reason = self.compare(*args)
-        else:
-            reason = await asyncio.get_running_loop().run_in_executor(pool, self.compare, *args)
+        check = partial(
+            check_answer_text,
+            answer_text(raw),
+            output_ids,
+            self.tokenizer,
+            prompt_ids=prompt_ids,
+            stream_interval=stream_interval,
+        )
+        reason = check() if pool is None else await asyncio.get_running_loop().run_in_executor(pool, check)
         self.record(url, rid, reason)
         if self.wants(url):
             future = asyncio.get_running_loop().create_future()
@@ -327,14 +296,11 @@ class AnswerCheck:
 
     def _settle(self, url: str | None, refusal: str | None) -> None:
         """End the waits of `url`'s answers (every server's: None): kept, or refused with `refusal`."""
-        waiting = []
         for held_url, future in self._held:
-            if future.done():
+            if future.done() or url not in (None, held_url):
                 continue
-            if url is not None and held_url != url:
-                waiting.append((held_url, future))
-            elif refusal is None:
+            if refusal is None:
                 future.set_result(None)
             else:
                 future.set_exception(ServerMismatch(refusal))
-        self._held = waiting
+        self._held = [(held_url, future) for held_url, future in self._held if not future.done()]

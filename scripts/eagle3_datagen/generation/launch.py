@@ -1,9 +1,6 @@
-"""The command lines and environment of the servers a generate job launches: SGLang's
-`launch_server` from `engine.sglang` (its flags checked: none that would reshape or cut the data;
-`engine.sglang.env` on top of the job's environment) and the CPU stand-in engine. Either streams
-its answers incrementally (`--incremental-streaming-output`) where the client stops loops live.
-
-Imports the engine's settings; `servers` runs what this module builds.
+"""The command lines and environment of the servers a generate job launches (`servers` runs them):
+SGLang's `launch_server` from `engine.sglang`, with `engine.sglang.env` on top of the job's
+environment, and the CPU stand-in engine.
 """
 
 import logging

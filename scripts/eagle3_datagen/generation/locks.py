@@ -1,20 +1,13 @@
 """One generate job per shard at a time: a lock on the shard's journal.
 
-Two jobs sending one shard's rows (an orphan left by a killed Snakemake and its resubmitted twin, a
-second Snakemake in the same directory, another user sharing `cache/`) would pay for every row
-twice, and their appends to one journal could interleave. So a generate job holds
-`<journal>.lock` for its whole run, and a second job for the same shard **refuses** at once, before
-it starts a server, with a message naming the holder (host, pid, SLURM job id, since when): no GPU
-waits on another job.
+Two jobs sending one shard's rows (an orphan of a killed Snakemake and its resubmitted twin, another
+user sharing `cache/`) would pay for every row twice and interleave their appends. So a generate job
+holds `<journal>.lock` for its whole run, and a second one refuses at once, before it starts a
+server, naming the holder (written into the lock file for that only).
 
-The lock is a POSIX record lock (`fcntl.lockf`) on that file, the kind NFS (v3 through lockd, v4
-natively), Lustre (mounted with `flock`, the usual setting; `localflock` only locks within a node)
-and GPFS keep across nodes, and that dies with its holder: a holder that is killed, even with
-SIGKILL, releases it at once on a local or parallel filesystem; on NFS, when the server notices
-(NFSv4: within its lease time, 90 s by default). A lock left by a dead holder is so taken over by
-the next job without anyone removing a file. The holder's description is written into the lock
-file only to name it in the message; a disk too full to take it is a `DiskFull` naming the lock file,
-and the job stops before it starts a server.
+The lock is a POSIX record lock (`fcntl.lockf`), which NFS, Lustre (mounted with `flock`) and GPFS
+keep across nodes, and which dies with its holder, even a SIGKILLed one (on NFS when the server
+notices: NFSv4's lease, 90 s by default), so no one has to remove a stale file.
 """
 
 import errno

@@ -1,20 +1,13 @@
 """One SGLang server across the nodes of a SLURM job (`engine.sglang.nodes` above 1).
 
-The job's own step runs on the first node of its allocation, the head. It starts rank 0 there (a
-`ManagedServer`: rank 0 alone serves HTTP, and the requests go to it) and every other rank on a
-node of its own with `srun --overlap`, a step of the same job holding that node's GPUs, the job's
-CPUs and memory there, and the head's environment. All ranks meet at `--dist-init-addr HOST:PORT`:
-the head's node name, as `scontrol show hostnames` expands SLURM_JOB_NODELIST (or the IPv4 address
-of `engine.sglang.dist_init_interface` on the head), and a port free on the head.
-
-Every rank is watched: one that exits while rank 0 starts ends the start-up, and one that exits
-while the job sends ends the run (`Servers.alive`), each with a message naming its node and its
-log's last lines (`*.rankN.server.log` beside the server log). A rank's death takes the others with
-it within a second (gloo) or after a collective times out (NCCL), so the one named is the first seen
-to die among those whose log does not say they lost a peer. Each `srun` runs under the watchdog,
-so no rank outlives its job, even a SIGKILLed one: a killed `srun` ends its step, and SLURM the
-step's processes on that node. On its node a rank first checks what rank 0 checked on the head
-(the model path, the GPUs it sees), so a node that lacks them fails at once, saying so.
+The job's step runs on the head node and starts rank 0 there (a `ManagedServer`: it alone serves
+HTTP); every other rank runs on a node of its own with `srun --overlap`, a step of the same job, under
+the watchdog, so that none outlives the job. All meet at `--dist-init-addr`: the head's node name (or
+its address on `engine.sglang.dist_init_interface`) and a port free there. A rank first checks on its
+node what rank 0 checked on the head (model path, GPUs). A rank that exits ends the start-up or the
+run, with a message naming its node and its log's last lines; as a rank's death takes the others
+with it (gloo, NCCL), the one named is the first seen to die among those whose log does not say
+they lost a peer.
 """
 
 import argparse
@@ -29,13 +22,15 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3_datagen.engine_settings import EngineSettings, SGLangServer
 from eagle3_datagen.generation.launch import node_args, server_env, sglang_command
+from eagle3_datagen.generation.redact import redact_command
 from eagle3_datagen.generation.startup import ServerError, check_gpus, check_model_path, exit_text, log_tail, port_free
+from eagle3_datagen.generation.watchdog import package_env, watched
 
 log = logging.getLogger(__name__)
 
@@ -141,20 +136,16 @@ def layout(sglang: SGLangServer, environ=os.environ) -> Layout:
 
 def rank_env(env: dict) -> dict:
     """A rank's environment: the server's, less the head step's SLURM and device variables."""
-    src = str(Path(__file__).resolve().parents[2])
-    out = {
-        k: v
-        for k, v in env.items()
-        if not (k.startswith(("SLURM_", "SRUN_", "SBATCH_")) and k not in KEPT_SLURM) and k not in DEVICE_VARIABLES
-    }
-    out["PYTHONPATH"] = src + (os.pathsep + out["PYTHONPATH"] if out.get("PYTHONPATH") else "")
-    return out
+    slurm = ("SLURM_", "SRUN_", "SBATCH_")
+    return package_env(
+        {k: v for k, v in env.items() if not (k.startswith(slurm) and k not in KEPT_SLURM or k in DEVICE_VARIABLES)}
+    )
 
 
 def srun_command(sglang: SGLangServer, node: str, *, cpus: int, cmd: list[str]) -> list[str]:
     """`srun` of one rank on `node`, in a step of this job beside the head's (`--overlap`), checked there first."""
     checks = {"model_path": sglang.model_path, "tp_size": sglang.tp_size, "nodes": sglang.nodes}
-    checks["extra_args"] = list(sglang.extra_args)
+    checks["extra_args"] = sglang.extra_args
     gres = [f"--gres=gpu:{sglang.gpus}"] if sglang.gpus else []
     return [
         "srun",
@@ -186,14 +177,11 @@ class Rank:
         self.exited_at: float | None = None
 
     def start(self) -> None:
-        from eagle3_datagen.generation.redact import redact_command
-
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        watched = [sys.executable, "-m", "eagle3_datagen.generation.watchdog", "--parent", str(os.getpid()), "--"]
         log.info("starting rank %d on %s: %s (log: %s)", self.rank, self.node, redact_command(self.cmd), self.log_path)
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                watched + self.cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
+                watched(self.cmd), stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
             )
 
     def poll(self) -> int | None:
@@ -220,10 +208,8 @@ class Rank:
             log.warning(
                 "rank %d on %s still runs %.0f s after rank 0 stopped; killing its srun", self.rank, self.node, grace_s
             )
-            try:
+            with suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.proc.wait()
         log.info("rank %d on %s ended (%s)", self.rank, self.node, exit_text(self.proc.returncode))
 
@@ -317,12 +303,6 @@ def _running(pid: int) -> bool:
         return False
 
 
-def rank_log(log_path: Path, rank: int) -> Path:
-    return log_path.with_name(
-        log_path.name.removesuffix(".server.log").removesuffix(".log") + f".rank{rank}.server.log"
-    )
-
-
 @contextmanager
 def across_nodes(engine: EngineSettings, *, port: int, profile, log_path: Path, key: str | None, streaming: bool):
     """Start the ranks but rank 0 on the job's other nodes and yield them (`Ranks`; the caller starts
@@ -338,11 +318,12 @@ def across_nodes(engine: EngineSettings, *, port: int, profile, log_path: Path, 
         engine, port=port, context_length=profile.context_length, api_key=key, incremental_streaming=streaming
     )
     env = rank_env(server_env(sglang.env))
+    stem = log_path.name.removesuffix(".server.log").removesuffix(".log")
     ranks = []
     for i, node in enumerate(where.others, start=1):
         rank_cmd = cmd + node_args(engine, rank=i, dist_init_addr=where.dist_init_addr)
         srun = srun_command(sglang, node, cpus=engine.job.cpus, cmd=rank_cmd)
-        ranks.append(Rank(i, node, srun, rank_log(log_path, i), env))
+        ranks.append(Rank(i, node, srun, log_path.with_name(f"{stem}.rank{i}.server.log"), env))
     head_args = tuple(node_args(engine, rank=0, dist_init_addr=where.dist_init_addr))
     log.info(
         "one server across %d nodes: rank 0 on %s (this node), %s; they meet at %s",
@@ -367,16 +348,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     checks = json.loads(args.checks)
-    sglang = SGLangServer(
-        python=cmd[0],
-        trust_remote_code=False,
-        mem_fraction_static=None,
-        env=(),
-        model_path=checks["model_path"],
-        tp_size=int(checks["tp_size"]),
-        nodes=int(checks["nodes"]),
-        extra_args=tuple(checks["extra_args"]),
-    )
+    checks["extra_args"] = tuple(checks["extra_args"])
+    sglang = SGLangServer(python=cmd[0], trust_remote_code=False, mem_fraction_static=None, env=(), **checks)
     try:
         check_model_path(sglang)
         check_gpus(sglang)

@@ -7,7 +7,7 @@ the CPU, and by the generate and pilot steps that send what it finds.
 import hashlib
 import logging
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from eagle3_datagen.engine_settings import EngineSettings
@@ -43,17 +43,8 @@ class Plan:
 
     def summary(self) -> dict:
         """The cost preview: what a run would send, and what it already has (counted in turns)."""
-        return {
-            "to_send": self.to_send,
-            "reused": self.reused,
-            "reused_output_tokens": self.reused_output_tokens,
-            "skipped": self.skipped,
-            "prompt_tokens_to_send": self.prompt_tokens_to_send,
-            "max_new_tokens_to_send": self.max_new_tokens_to_send,
-            "later_turns": self.later_turns,
-            "ended_turns": self.ended_turns,
-            "by_mode": {mode: {"to_send": n, "max_new_tokens_to_send": t} for mode, (n, t) in self.by_mode.items()},
-        }
+        by_mode = {mode: {"to_send": n, "max_new_tokens_to_send": t} for mode, (n, t) in self.by_mode.items()}
+        return asdict(self) | {"by_mode": by_mode}
 
 
 # The prompts table's columns that planning and sending read (not the messages).
@@ -93,21 +84,13 @@ def model_dir_fingerprint(model_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
-def server_fingerprint(engine: EngineSettings | dict) -> dict:
-    """What identifies the server's model, known before any server starts.
-
-    For an external server nothing can be read before the run: model.name (part of the model
-    fingerprint) identifies what it serves, so change the name when the served model changes.
-    """
-    settings = EngineSettings.of(engine)
-    fingerprint = settings.fingerprint()
-    if settings.server.weights_dir is not None:
-        fingerprint["weights"] = model_dir_fingerprint(settings.server.weights_dir)
-    return fingerprint
-
-
-def make_template(facts: dict, profile: ModelProfile, sampling: dict, engine: EngineSettings | dict) -> RequestTemplate:
+def make_template(facts: dict, profile: ModelProfile, sampling: dict, engine: EngineSettings) -> RequestTemplate:
     """The request parts shared by every row, from the token facts of the prompts table."""
+    # What identifies the server's model, known before any server starts. Nothing can be read from
+    # an external server before the run: model.name (in the fingerprint) names what it serves.
+    server = engine.fingerprint()
+    if engine.server.weights_dir is not None:
+        server["weights"] = model_dir_fingerprint(engine.server.weights_dir)
     fingerprint = {
         "model": profile.name,
         "tokenizer_sha256": facts["tokenizer_sha256"],
@@ -115,7 +98,7 @@ def make_template(facts: dict, profile: ModelProfile, sampling: dict, engine: En
         "vocab_size": facts["vocab_size"],
         "chat_template_kwargs": profile.chat_template_kwargs,
         "sglang_version": profile.sglang_version,
-        "server": server_fingerprint(engine),
+        "server": server,
     }
     return RequestTemplate(
         sampling=dict(sampling),

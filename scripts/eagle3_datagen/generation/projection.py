@@ -1,14 +1,11 @@
-"""The pilot's projection table: from the measures of each sampled conversation (`pilot.conversation_measures`)
-and each category's pilot run record, the projected cost of the full run per category and serving mode.
+"""The pilot's projection table: the projected cost of the full run per category and serving mode,
+from the measures of each sampled conversation (`pilot.conversation_measures`) and each category's
+pilot run record.
 
-A category gets a row per mode it has: that mode's usable conversations in its prompts table, projected
-from the pilot's conversations of that mode (the mean per conversation times their number, with a 95 %
-interval from the sample's spread: normal approximation with the finite-population correction). A
-category with several modes also gets a row over them (mode `all`: their sum, the intervals' half-widths
-in quadrature); then come the totals: one per mode where the run has several, and the one over
-everything. Hours are output tokens at the category pilot's measured output tokens per second (its modes
-were generated together, so they share it), times the server's GPUs. The quality flags' shares (with
-95 % Wilson score intervals) are pooled over the pilot rows each row covers.
+Each mode's usable conversations are projected from the pilot's of that mode (mean times number,
+95 % interval: normal approximation with the finite-population correction); rows over several
+(mode `all`, the totals) sum them, half-widths in quadrature. Hours are output tokens at the
+category pilot's measured rate (its modes were generated together), times the server's GPUs.
 """
 
 import logging
@@ -75,41 +72,35 @@ def flag_columns(counts: dict) -> dict:
     return out
 
 
+def hours(tokens: float, rate: float | None, gpus: int | None) -> tuple[float | None, float | None]:
+    """Server-hours and GPU-hours of `tokens` output tokens at `rate` a second on `gpus` GPUs (None: unknown)."""
+    if not rate:
+        return None, None
+    server_h = tokens / rate / 3600
+    return round(server_h, 4), (round(server_h * gpus, 3) if gpus else None)
+
+
 def live_stop_columns(totals: dict, rate: float | None, gpus: int | None) -> dict:
-    """Output tokens, server-hours and GPU-hours with and without the live loop stop, turned into
-    hours as the projection's own output tokens are (at the pilot's measured rate, times the GPUs)."""
+    """Output tokens, server-hours and GPU-hours with and without the live loop stop."""
     out: dict = {}
     for key, suffix in zip(LIVE_STOP_MEASURES, ("live_stop", "no_live_stop")):
-        tokens = totals[key][0]
-        server_h = tokens / rate / 3600 if rate else None
-        out[f"output_tokens_{suffix}"] = round(tokens)
-        out[f"server_hours_{suffix}"] = round(server_h, 4) if server_h is not None else None
-        out[f"gpu_hours_{suffix}"] = round(server_h * gpus, 3) if server_h is not None and gpus else None
+        out[f"output_tokens_{suffix}"] = round(totals[key][0])
+        out[f"server_hours_{suffix}"], out[f"gpu_hours_{suffix}"] = hours(totals[key][0], rate, gpus)
     return out
 
 
 def projection_row(
-    category: str,
-    measures: list[dict],
-    run: dict,
-    *,
-    mode: str = DEFAULT_MODE,
-    population: int | None = None,
-    journal_per_request: float | None = None,
+    category: str, measures: list[dict], run: dict, *, mode: str, population: int, journal_per_request: float
 ) -> dict:
-    """One category's (or one of its modes') projection over `population` conversations (default: the
-    category's usable ones) from the pilot's `measures` of them; `journal_per_request` (default: the
-    pilot journal's bytes per request of `measures`) sizes the full run's journal."""
-    population = run["usable_conversations"] if population is None else population
+    """One mode of a category: its projection over `population` conversations from the pilot's
+    `measures` of them; `journal_per_request` sizes the full run's journal."""
     n = len(measures)
     totals = project(measures, population, MEASURES + LIVE_STOP_MEASURES)
     client = run.get("client") or {}
     rate = client["output_tokens"] / client["elapsed_s"] if client.get("elapsed_s") else None
     tokens, tokens_ci = totals["output_tokens"]
-    server_h = tokens / rate / 3600 if rate else None
     gpus = run["server_gpus"]
-    if journal_per_request is None:
-        journal_per_request = run["journal_bytes"] / max(sum(m["requests"] for m in measures), 1)
+    server_h, gpu_h = hours(tokens, rate, gpus)
     requests = totals["requests"][0]
     dataset = totals["dataset_bytes"][0]
     # The category JSONL and its copy in train.jsonl, the journal, and three Parquet files of about
@@ -130,9 +121,9 @@ def projection_row(
         "max_new_tokens": Budget(**run["budget"]).for_mode(mode).max_new_tokens if run.get("budget") else None,
         "output_tok_per_s": round(rate, 1) if rate else None,
         "concurrency": client.get("concurrency"),
-        "server_hours": round(server_h, 4) if server_h is not None else None,
+        "server_hours": server_h,
         "server_hours_ci95": round(tokens_ci / rate / 3600, 4) if rate else None,
-        "gpu_hours": round(server_h * gpus, 3) if server_h is not None and gpus else None,
+        "gpu_hours": gpu_h,
         "gpus_per_server": gpus,
         "dataset_gb": round(dataset / 1e9, 4),
         "disk_gb": round(disk / 1e9, 4),

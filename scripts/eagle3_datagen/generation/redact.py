@@ -27,17 +27,10 @@ def redact(obj):
 
 def redact_command(cmd: list[str]) -> str:
     """A command line fit for a log: the values of secret flags (`--api-key X`, `--api-key=X`) hidden."""
-    out = []
-    hide = False
+    out, hide = [], False
     for arg in cmd:
-        if hide:
-            out.append(MASK)
-            hide = False
-            continue
         name, eq, _ = arg.partition("=")
-        if name.startswith("--") and is_secret_name(name):
-            out.append(f"{name}={MASK}" if eq else arg)
-            hide = not eq
-            continue
-        out.append(arg)
+        secret = not hide and name.startswith("--") and is_secret_name(name)
+        out.append(MASK if hide else f"{name}={MASK}" if secret and eq else arg)
+        hide = secret and not eq  # the value is the next argument
     return " ".join(out)

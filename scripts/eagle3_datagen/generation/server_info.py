@@ -23,32 +23,18 @@ log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 5.0
 
 
-async def fetch_json(url: str, *, headers: dict | None = None, timeout_s: float = 30.0) -> dict:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(url, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            text = await resp.text()
-            if resp.status != 200:
-                raise HTTPStatusError(resp.status, f"GET {url}: {error_text(resp.status, text)}")
-            return json.loads(text)
-
-
-class HTTPStatusError(RuntimeError):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
 async def fetch_info(base_url: str, name: str, *, headers: dict | None = None) -> dict:
-    """`/server_info` or `/model_info` as 0.5.23 names them, else the older `/get_...` form (404 first).
-
-    0.5.23 still serves the `get_` forms but logs a deprecation warning for each call.
-    """
-    try:
-        return await fetch_json(f"{base_url}/{name}", headers=headers)
-    except HTTPStatusError as exc:
-        if exc.status != 404:
-            raise
-        return await fetch_json(f"{base_url}/get_{name}", headers=headers)
+    """`/server_info` or `/model_info` as 0.5.23 names them, else (on 404) the older `/get_...` form,
+    which 0.5.23 still serves, logging a deprecation warning for each call."""
+    async with aiohttp.ClientSession() as session:
+        for older in (False, True):
+            url = f"{base_url}/{'get_' * older}{name}"
+            async with session.get(url, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=30.0)) as resp:
+                text = await resp.text()
+                if resp.status == 200:
+                    return json.loads(text)
+                if resp.status != 404 or older:
+                    raise RuntimeError(f"GET {url}: {error_text(resp.status, text)}")
 
 
 # SGLang's scheduler admits prompts shorter than max_req_input_len = min(context, KV pool) - 1 - 5
@@ -139,17 +125,6 @@ class LoadReader:
         return total
 
 
-async def _server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
-    infos = {}
-    for url in urls:
-        server_info = await fetch_info(url, "server_info", headers=headers)
-        for warning in check_server_info(server_info, context_length=profile.context_length, url=url):
-            log.warning(warning)
-        model_info = await fetch_info(url, "model_info", headers=headers)
-        infos[url] = {"server_info": redact(server_info), "model_info": redact(model_info)}
-    return infos
-
-
 def seeds_honoured(infos: dict) -> bool:
     """Whether every server honoured the requests' sampling_seed: only with --enable-deterministic-inference."""
     return bool(infos) and all(bool(i["server_info"].get("enable_deterministic_inference")) for i in infos.values())
@@ -157,4 +132,12 @@ def seeds_honoured(infos: dict) -> bool:
 
 def server_provenance(urls: list[str], profile: ModelProfile, headers: dict) -> dict:
     """Each server's /server_info and /model_info (secrets hidden), after the start-up checks."""
-    return asyncio.run(_server_provenance(urls, profile, headers))
+
+    async def read(url: str) -> dict:
+        server_info = await fetch_info(url, "server_info", headers=headers)
+        for warning in check_server_info(server_info, context_length=profile.context_length, url=url):
+            log.warning(warning)
+        model_info = await fetch_info(url, "model_info", headers=headers)
+        return {"server_info": redact(server_info), "model_info": redact(model_info)}
+
+    return {url: asyncio.run(read(url)) for url in urls}

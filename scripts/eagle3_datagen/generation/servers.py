@@ -1,32 +1,31 @@
 """The servers a generate job talks to: launched ones (`sglang`, `local`) or running ones (`external`).
 
-One code path for every engine that launches a process: the server runs in its own process group
-with its own log; start-up watches the process, who listens on its port, and `GET /health`; stopping
-sends SIGTERM to the group, then SIGKILL. Failure is detected from the process state, the port and
-HTTP status, never by matching log text; a failed start ends in one message naming its cause, with
-the log's last lines (the checks and the causes are `startup`'s, the command lines `launch`'s).
-Also here: the API key (from the environment, never the config), SIGTERM handling, where the job ran
-(provenance), and each attempt's own logs.
+A launched server runs in its own process group with its own log; start-up watches the process, who
+listens on its port, and `GET /health` (the checks and causes are `startup`'s, the command lines
+`launch`'s); stopping sends SIGTERM to the group, then SIGKILL. Also: SIGTERM handling, where the job
+ran (provenance), and each attempt's own logs.
 """
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
+from contextlib import contextmanager, suppress
+from dataclasses import KW_ONLY, dataclass, field
+from functools import partial
 from pathlib import Path
 
 from eagle3_datagen.engine_settings import EngineSettings, SGLangServer
 from eagle3_datagen.generation.launch import local_engine_command, server_env, sglang_command
 from eagle3_datagen.generation.nodes import across_nodes
 from eagle3_datagen.generation.redact import redact_command
-from eagle3_datagen.generation.startup import (  # noqa: F401 (ServerError, log_tail: this module's API too)
+from eagle3_datagen.generation.startup import (
     ServerError,
     cause,
     check_gpus,
@@ -38,6 +37,7 @@ from eagle3_datagen.generation.startup import (  # noqa: F401 (ServerError, log_
     port_owner,
     user_port,
 )
+from eagle3_datagen.generation.watchdog import package_env, watched
 from eagle3_datagen.settings import ModelProfile
 
 log = logging.getLogger(__name__)
@@ -49,19 +49,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-# Exit codes of a server stopped by SIGTERM: killed by the signal (-15), its shell convention
+# Exit codes of a server stopped by SIGTERM (15): killed by the signal (-15), its shell convention
 # (143 = 128 + 15), a Python sys.exit(-15) as the watchdog passes it on (241 = 256 - 15), or 0.
 # SGLang 0.5.23 ends its own orderly SIGTERM shutdown by SIGKILLing itself (kill_process_tree with
 # include_parent, srt/utils/common.py), so -9 (247 through the watchdog) is normal too when it came
 # before this job's own SIGKILL.
-STOPPED_BY_SIGTERM = {
-    0,
-    -signal.SIGTERM,
-    128 + signal.SIGTERM,
-    256 - signal.SIGTERM,
-    -signal.SIGKILL,
-    256 - signal.SIGKILL,
-}
+STOPPED_BY_SIGTERM = {0, -15, 143, 241, -9, 247}
 
 
 def stop_message(code: int | None, *, stopped_here: bool, killed_here: bool = False) -> str:
@@ -79,58 +72,36 @@ class PortTaken(ServerError):
     """Another process listens on the server's port: it cannot bind it (a launcher's port may be retried)."""
 
 
+@dataclass(eq=False)
 class ManagedServer:
-    """A server process owned by this job: `with ManagedServer(...) as url:`.
+    """A server process owned by this job: `with ManagedServer(...) as url:`. Start-up ends at the
+    first of: `/health` answering 200 from its own process group, its exit, another process on its
+    port, `startup_timeout_s`; any but the first stops the group and raises one ServerError (the
+    cause, as `describe(exit code, log tail)` names it, then the log's last lines)."""
 
-    Start-up ends at the first of: `/health` answering 200 from this server's own process group, the
-    server's exit, another process listening on its port, or `startup_timeout_s`. Any end but the
-    first stops the whole group and raises one ServerError: the cause (`describe(exit code, log
-    tail)` names it), then the log's last lines."""
+    cmd: list[str]
+    _: KW_ONLY
+    port: int
+    log_path: Path
+    startup_timeout_s: float = 600.0
+    env: dict | None = None
+    describe: Callable[[int, str], str] = lambda code, tail: last_error(tail)
+    label: str = "the server"
+    watch: Callable[[], str | None] | None = None  # while it starts: the cause of a failure elsewhere (a rank)
+    port_note: str = ""  # what the message adds when the port is taken (a retry's history)
+    proc: subprocess.Popen | None = field(default=None, init=False)
 
-    def __init__(
-        self,
-        cmd: list[str],
-        *,
-        port: int,
-        log_path: str | Path,
-        startup_timeout_s: float = 600.0,
-        env: dict | None = None,
-        describe=None,
-        label: str = "the server",
-        watch=None,
-    ):
-        self.cmd = cmd
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = Path(log_path)
-        self.startup_timeout_s = startup_timeout_s
-        self.env = env
-        self.describe = describe or (lambda code, tail: last_error(tail))
-        self.label = label
-        self.watch = watch  # called while it starts: the cause of a failure elsewhere (another rank), or None
-        self.proc: subprocess.Popen | None = None
-        self.port_note = ""  # what the message adds when the port is taken (a retry's history)
+    def __post_init__(self):
+        self.url, self.log_path = f"http://127.0.0.1:{self.port}", Path(self.log_path)
 
     def start(self) -> str:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
-        src = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ if self.env is None else self.env)
-        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         log.info("starting server: %s (log: %s)", redact_command(self.cmd), self.log_path)
-        # The watchdog runs the server in a process group of its own and takes the whole group down
-        # when this process dies, even by SIGKILL: no server outlives its job.
-        watched = [
-            sys.executable,
-            "-m",
-            "eagle3_datagen.generation.watchdog",
-            "--parent",
-            str(os.getpid()),
-            "--",
-        ] + self.cmd
         self.started = time.monotonic()
+        env = package_env(dict(os.environ if self.env is None else self.env))
         self.proc = subprocess.Popen(
-            watched, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            watched(self.cmd), stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
         try:
             self._wait_healthy()
@@ -183,19 +154,15 @@ class ManagedServer:
             return
         already, killed = self.proc.poll(), False
         if already is None:
-            try:
+            with suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 killed = True
                 log.warning("server pid %d ignored SIGTERM for %.0f s; killing it", self.proc.pid, grace_s)
-                try:
+                with suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 self.proc.wait()
         self._log.close()
         log.info("%s", stop_message(self.proc.returncode, stopped_here=already is None, killed_here=killed))
@@ -245,25 +212,20 @@ def servers(
     key: str | None,
     incremental_streaming: bool = False,
 ):
-    """Where to send requests: a server this job launches (`sglang`, `local`), or running ones (`external`).
-    `incremental_streaming`: a launched server streams each chunk's new tokens only (the live loop stop).
-
-    A launched SGLang server is refused before it starts where its model path does not exist, the job
-    sees fewer GPUs than it needs, or the port `engine.sglang.extra_args` fixes is taken. A port this job chose and another process
-    took while the server started (the server can only bind it late) is given up once for another."""
+    """Where to send requests: a server this job launches (`sglang`, `local`; streaming each chunk's
+    new tokens only with `incremental_streaming`), or running ones (`external`). A port this job chose
+    and another process took while the server started (it binds late) is given up once for another."""
     engine = EngineSettings.of(engine)
     if not engine.server.launched:
         yield Servers(list(engine.server.urls))
         return
+    launch = partial(_managed_server, engine, profile, log_path=log_path, key=key, streaming=incremental_streaming)
     if engine.nodes > 1:  # rank 0 here, launched as any server is; the other ranks: `nodes`
         port = user_port(list(engine.server.extra_args)) or free_port()
         with across_nodes(
             engine, port=port, profile=profile, log_path=log_path, key=key, streaming=incremental_streaming
         ) as ranks:
-            ranks.head = _managed_server(
-                engine, profile, port=port, log_path=log_path, key=key, streaming=incremental_streaming,
-                rank_args=ranks.head_args, watch=ranks.failed_rank,
-            )  # fmt: skip
+            ranks.head = launch(port=port, rank_args=ranks.head_args, watch=ranks.failed_rank)
             with ranks.head as url:
                 yield Servers([url], ranks.head, ranks)
         return
@@ -283,9 +245,7 @@ def servers(
     note = " (--port in engine.sglang.extra_args)" if fixed is not None else ""
     for attempt in (1, 2):
         port = fixed or free_port()
-        server = _managed_server(
-            engine, profile, port=port, log_path=log_path, key=key, streaming=incremental_streaming
-        )
+        server = launch(port=port)
         server.port_note = note
         try:
             url = server.start()
@@ -307,51 +267,39 @@ def _managed_server(
 ) -> ManagedServer:  # fmt: skip
     """The launched server of `engine` (kind sglang or local), listening on `port`, not yet started
     (`rank_args` and `watch`: rank 0 of a server across nodes, see `nodes`)."""
-    timeout = engine.startup_timeout_s
-    sglang = engine.server
-    if isinstance(sglang, SGLangServer):
-        cmd = sglang_command(
-            engine, port=port, context_length=profile.context_length, api_key=key, incremental_streaming=streaming
-        ) + list(rank_args)
-
-        def describe(code: int, tail: str) -> str:
-            return cause(code, tail, python=sglang.python, model_path=sglang.model_path)
-
-        return ManagedServer(
-            cmd,
+    sglang, timeout, context = engine.server, engine.startup_timeout_s, profile.context_length
+    if not isinstance(sglang, SGLangServer):
+        cmd = local_engine_command(
+            engine,
             port=port,
-            log_path=log_path,
-            startup_timeout_s=timeout,
-            env=server_env(sglang.env),
-            describe=describe,
-            label="the SGLang server" + (" (rank 0)" if rank_args else ""),
-            watch=watch,
+            context_length=context,
+            tokenizer=profile.tokenizer,
+            trust_remote_code=profile.trust_remote_code,
+            incremental_streaming=streaming,
         )
-    cmd = local_engine_command(
-        engine,
+        return ManagedServer(cmd, port=port, log_path=log_path, startup_timeout_s=timeout, label="the local engine")
+    cmd = sglang_command(engine, port=port, context_length=context, api_key=key, incremental_streaming=streaming)
+    return ManagedServer(
+        cmd + list(rank_args),
         port=port,
-        context_length=profile.context_length,
-        tokenizer=profile.tokenizer,
-        trust_remote_code=profile.trust_remote_code,
-        incremental_streaming=streaming,
+        log_path=log_path,
+        startup_timeout_s=timeout,
+        env=server_env(sglang.env),
+        describe=lambda code, tail: cause(code, tail, python=sglang.python, model_path=sglang.model_path),
+        label="the SGLang server" + (" (rank 0)" if rank_args else ""),
+        watch=watch,
     )
-    return ManagedServer(cmd, port=port, log_path=log_path, startup_timeout_s=timeout, label="the local engine")
 
 
 @contextmanager
 def attempt_logs(server_log: Path):
-    """Every attempt of a job keeps its own logs: Snakemake empties a job's declared logs when it
-    runs it again, so a killed or failed attempt's evidence would be gone after the rerun.
-
-    Yields the attempt's server log, `attempts/<name>.<time>.<host>.<pid>[.slurm<id>].server.log`
-    beside `server_log`; the job's own log lines also go to the same name with `.log`, after a
-    header naming the attempt. When the attempt ends (however it ends, short of SIGKILL), its server
-    log is copied to `server_log`, where the rule declares it."""
-    import shutil
-
-    job = os.environ.get("SLURM_JOB_ID")
+    """Every attempt of a job keeps its own logs (Snakemake empties a job's declared logs when it
+    reruns it): yields `attempts/<name>.<time>.<host>.<pid>[.slurm<id>].server.log` beside
+    `server_log`, the job's own lines going to the same name with `.log`. When the attempt ends
+    (short of SIGKILL), its server log is copied to `server_log`, where the rule declares it."""
+    job, host, pid = os.environ.get("SLURM_JOB_ID"), socket.gethostname(), os.getpid()
     stem = server_log.name.removesuffix(".server.log").removesuffix(".log")
-    tag = f"{time.strftime('%Y%m%d-%H%M%S')}.{socket.gethostname()}.{os.getpid()}" + (f".slurm{job}" if job else "")
+    tag = f"{time.strftime('%Y%m%d-%H%M%S')}.{host}.{pid}" + (f".slurm{job}" if job else "")
     folder = server_log.parent / "attempts"
     folder.mkdir(parents=True, exist_ok=True)
     n = 0
@@ -363,14 +311,8 @@ def attempt_logs(server_log: Path):
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
-    log.info(
-        "attempt on %s, pid %d%s; this attempt's logs: %s, %s",
-        socket.gethostname(),
-        os.getpid(),
-        f", SLURM job {job}" if job else "",
-        client_log,
-        attempt_server_log,
-    )
+    slurm = f", SLURM job {job}" if job else ""
+    log.info("attempt on %s, pid %d%s; this attempt's logs: %s, %s", host, pid, slurm, client_log, attempt_server_log)
     try:
         yield attempt_server_log
     except BaseException as exc:  # the attempt's own log says how it ended
@@ -379,11 +321,10 @@ def attempt_logs(server_log: Path):
     finally:
         root.removeHandler(handler)
         handler.close()
+        server_log.parent.mkdir(parents=True, exist_ok=True)
         if attempt_server_log.exists():
-            server_log.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(attempt_server_log, server_log)
         else:
-            server_log.parent.mkdir(parents=True, exist_ok=True)
             server_log.write_text("no server was started by this attempt (nothing to send, or an external server)\n")
 
 

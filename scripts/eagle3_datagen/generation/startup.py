@@ -1,20 +1,17 @@
 """What stops a launched server before it serves, and the one message a job ends with then.
 
-Before launching: the GPUs a tensor-parallel SGLang server needs against those the job sees
-(`check_gpus`), a model path that does not exist (`check_model_path`), and a port the user fixed
-(`--port` in `engine.sglang.extra_args`). While it starts:
-who listens on its port (`port_owner`): another process there means it cannot bind, and a `/health`
-answered there is not its own. When it fails: the cause, from its exit code and the port's owner,
-named more closely from the log's last lines where they show a known cause (`cause`).
-
+Before launching: too few GPUs (`check_gpus`), a missing model path (`check_model_path`), a port
+the user fixed that is taken (`user_port`). While it starts: who listens on its port (`port_owner`).
+When it fails: the cause, from its exit code, named more closely by the log's last lines (`cause`).
 Control flow follows process state, ports and HTTP status; the log's text only names a cause.
-Imports only the standard library.
 """
 
 import os
 import re
 import signal
 import socket
+from contextlib import suppress
+from itertools import takewhile
 from pathlib import Path
 
 from eagle3_datagen.engine_settings import SGLangServer
@@ -81,17 +78,8 @@ def visible_gpus(environ, dev: Path = Path("/dev")) -> tuple[int | None, str]:
     if visible is None:
         return len(files), where
     # CUDA stops at the first entry that names no device: "-1" (or SLURM's NoDevFiles) hides the rest.
-    count = 0
-    for entry in visible.split(","):
-        if entry.strip() in ("", "-1", "NoDevFiles"):
-            break
-        count += 1
+    count = len(list(takewhile(lambda entry: entry.strip() not in ("", "-1", "NoDevFiles"), visible.split(","))))
     return (min(count, len(files)) if files else 0), f"CUDA_VISIBLE_DEVICES={visible!r}, {where}"
-
-
-def gpus_needed(sglang: SGLangServer) -> int:
-    """GPUs the server needs on this node: its tensor-parallel size, shared by its nodes."""
-    return sglang.gpus
 
 
 def check_gpus(sglang: SGLangServer, environ=os.environ, dev: Path = Path("/dev")) -> None:
@@ -100,7 +88,7 @@ def check_gpus(sglang: SGLangServer, environ=os.environ, dev: Path = Path("/dev"
     device = flag_value(list(sglang.extra_args), "--device")
     if device not in (None, "cuda"):
         return
-    needed = gpus_needed(sglang)
+    needed = sglang.gpus  # on this node: the tensor-parallel size, shared by the server's nodes
     seen, where = visible_gpus(environ, dev)
     if seen is None or seen >= needed:
         return
@@ -163,17 +151,11 @@ def group_members(pgid: int, *, exclude: int | None = None) -> list[int]:
 def _socket_inodes(pids: list[int]) -> set[int]:
     inodes = set()
     for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inodes.add(int(target[8:-1]))
+        with suppress(OSError):  # a process gone, or one this user may not read
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with suppress(OSError):
+                    if (target := os.readlink(f"/proc/{pid}/fd/{fd}")).startswith("socket:["):
+                        inodes.add(int(target[8:-1]))
     return inodes
 
 

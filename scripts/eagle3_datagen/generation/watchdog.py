@@ -13,10 +13,23 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
+from pathlib import Path
 
 from eagle3_datagen.generation.startup import group_members
 
 GRACE_S = 30.0
+
+
+def watched(cmd: list[str]) -> list[str]:
+    """`cmd` run under the watchdog of this process."""
+    return [sys.executable, "-m", "eagle3_datagen.generation.watchdog", "--parent", str(os.getpid()), "--", *cmd]
+
+
+def package_env(env: dict) -> dict:
+    """`env` with this package first on PYTHONPATH, so that the watchdog can run wherever the job runs."""
+    src = str(Path(__file__).resolve().parents[2])
+    return env | {"PYTHONPATH": src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")}
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
@@ -33,10 +46,8 @@ def stop_group(proc: subprocess.Popen, grace_s: float = GRACE_S) -> None:
     if proc.poll() is None:
         proc.kill()
     for pid in group_members(pgid, exclude=os.getpid()):
-        try:
+        with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def main(argv=None) -> int:
@@ -48,8 +59,8 @@ def main(argv=None) -> int:
     if not cmd:
         parser.error("no command given")
     terminating = []
-    signal.signal(signal.SIGTERM, lambda signum, frame: terminating.append(signum))
-    signal.signal(signal.SIGINT, lambda signum, frame: terminating.append(signum))
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda signum, frame: terminating.append(signum))
     try:
         proc = subprocess.Popen(cmd)
     except OSError as exc:  # a shell's codes for a program it cannot find, or cannot run
