@@ -4,17 +4,12 @@
 ``Qwen3ForCausalLM`` trained for a few seconds on CPU on :func:`demo_conversations` (no model with
 weights can be had without the Hugging Face hub), so that it emits Kimi-formatted outputs:
 reasoning, ``</think>``, an answer or a tool-call section, ``<|im_end|>``; some prompts make it
-ramble without ever closing the reasoning. Command line::
-
-    python -m eagle3_datagen.demo.model kimi-tokenizer OUT_DIR
-    python -m eagle3_datagen.demo.model demo-model OUT_DIR [--steps N] [--seed S]
-
-Imports `demo.tokenizers` only (``torch`` and ``transformers`` when it trains).
+ramble without ever closing the reasoning. Imports `demo.tokenizers` only (``torch`` and
+``transformers`` when it trains).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -23,14 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3_datagen.demo.tokenizers import atomic_build, build_kimi_shaped_tokenizer, write_kimi_tokenizer
+from eagle3_datagen.demo.tokenizers import atomic_build, write_kimi_tokenizer
 
 log = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------------------
-# Synthetic conversations for the demo model
-# --------------------------------------------------------------------------------------
 
 _TOOL_SPECS: dict[str, tuple[str, dict[str, str]]] = {
     "get_weather": ("Get the current weather for a city.", {"city": "string"}),
@@ -65,29 +55,16 @@ _RAMBLE_LINES = [
 
 def _tool_schema(name: str) -> dict[str, Any]:
     desc, params = _TOOL_SPECS[name]
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": desc,
-            "parameters": {
-                "type": "object",
-                "properties": {p: {"type": t} for p, t in params.items()},
-                "required": list(params),
-            },
-        },
-    }
+    schema = {"type": "object", "properties": {p: {"type": t} for p, t in params.items()}, "required": list(params)}
+    return {"type": "function", "function": {"name": name, "description": desc, "parameters": schema}}
 
 
 def _tool_request(rng: random.Random, name: str) -> tuple[str, dict[str, Any], str]:
     """(user question, call arguments, short description) for a tool."""
     if name == "get_weather":
         city = rng.choice(_CITIES)
-        return (
-            rng.choice([f"What's the weather in {city}?", f"Is it raining in {city} right now?"]),
-            {"city": city},
-            f"the weather in {city}",
-        )
+        q = rng.choice([f"What's the weather in {city}?", f"Is it raining in {city} right now?"])
+        return q, {"city": city}, f"the weather in {city}"
     if name == "search_web":
         q = rng.choice(_QUERIES)
         return f"Search the web for the {q}.", {"query": q}, f"the {q}"
@@ -133,13 +110,9 @@ def _history(rng: random.Random, max_turns: int) -> list[dict[str, Any]]:
 
 
 def _conversation(rng: random.Random, kind: str) -> dict[str, Any]:
-    """One synthetic example: ``messages``, ``tools`` and the target ``completion``.
-
-    Kinds: ``answer`` (reasoning, ``</think>``, answer, ``<|im_end|>``), ``tool_call``
-    (reasoning, ``</think>``, tool-call section, ``<|im_end|>``), ``tool_answer``
-    (tools declared but answered directly), ``tool_result`` (final answer after a
-    tool result) and ``ramble`` (endless reasoning; no ``</think>``).
-    """
+    """One synthetic example of a kind: ``answer`` (reasoning, ``</think>``, answer, ``<|im_end|>``),
+    ``tool_call`` (a tool-call section in place of the answer), ``tool_answer`` (tools declared but
+    answered directly), ``tool_result`` (the answer after a tool result) or ``ramble`` (no ``</think>``)."""
     messages: list[dict[str, Any]] = []
     if rng.random() < 0.4:
         messages.append({"role": "system", "content": rng.choice(["You are a helpful assistant.", "Answer briefly."])})
@@ -171,19 +144,9 @@ def _conversation(rng: random.Random, kind: str) -> dict[str, Any]:
             if kind == "tool_call":
                 completion = f"{reasoning}</think>{section}{end}"
             else:
+                call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
                 messages.append(
-                    {
-                        "role": "assistant",
-                        "content": "",
-                        "reasoning_content": reasoning,
-                        "tool_calls": [
-                            {
-                                "id": call_id,
-                                "type": "function",
-                                "function": {"name": name, "arguments": json.dumps(args)},
-                            }
-                        ],
-                    }
+                    {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": [call]}
                 )
                 result = rng.choice(["sunny, 21 C", "42", "ok", "3 results found", "12:30"])
                 messages.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": result})
@@ -192,12 +155,9 @@ def _conversation(rng: random.Random, kind: str) -> dict[str, Any]:
         topic = rng.choice(_PONDER_TOPICS)
         q = rng.choice([f"Ponder {topic} forever.", f"Think very hard about {topic}, without stopping."])
         messages.append({"role": "user", "content": q})
-        lines = [f"The user wants me to ponder {topic}."]
         i = rng.randrange(len(_RAMBLE_LINES))
-        for _ in range(rng.randint(8, 12)):
-            lines.append(_RAMBLE_LINES[i % len(_RAMBLE_LINES)])
-            i += 1
-        completion = " ".join(lines)
+        lines = [_RAMBLE_LINES[(i + k) % len(_RAMBLE_LINES)] for k in range(rng.randint(8, 12))]
+        completion = " ".join([f"The user wants me to ponder {topic}.", *lines])
     else:
         raise ValueError(f"unknown conversation kind {kind!r}")
     return {"messages": messages, "tools": tools, "completion": completion, "kind": kind}
@@ -208,19 +168,11 @@ _KIND_WEIGHTS = {"answer": 0.45, "tool_answer": 0.07, "tool_result": 0.08, "tool
 
 
 def demo_conversations(n: int, *, seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` synthetic conversations of the demo model's training mix.
-
-    Each item has ``messages``, ``tools`` (``None`` or a list of JSON-schema
-    functions), the target ``completion`` text and its ``kind``.
-    """
+    """``n`` synthetic conversations of the training mix: ``messages``, ``tools`` (None or JSON-schema
+    functions), the target ``completion`` text and its ``kind``."""
     rng = random.Random(seed)
     kinds, weights = zip(*_KIND_WEIGHTS.items())
     return [_conversation(rng, rng.choices(kinds, weights)[0]) for _ in range(n)]
-
-
-# --------------------------------------------------------------------------------------
-# Tiny demo model
-# --------------------------------------------------------------------------------------
 
 
 def _encode_examples(tok: Any, convs: list[dict[str, Any]]) -> list[tuple[list[int], int]]:
@@ -261,8 +213,7 @@ def _train(model: Any, tok: Any, *, steps: int, seed: int) -> None:
     n_negatives = 4096
     convs = demo_conversations(max(steps * batch_size // 2, 256), seed=seed + 1)
     examples = _encode_examples(tok, convs)
-    always = sorted({t for ids, p in examples for t in ids[p:]})
-    always_t = torch.tensor(always, dtype=torch.long)
+    always = torch.tensor(sorted({t for ids, p in examples for t in ids[p:]}), dtype=torch.long)
     vocab = model.config.vocab_size
     pad_id = tok.pad_token_id
 
@@ -291,7 +242,7 @@ def _train(model: Any, tok: Any, *, steps: int, seed: int) -> None:
         keep = y != -100
         h, y = hidden[:, :-1][keep], y[keep]
         negatives = torch.randint(0, vocab, (n_negatives,), generator=gen)
-        cand = torch.unique(torch.cat([y, always_t, negatives]))
+        cand = torch.unique(torch.cat([y, always, negatives]))
         logits = h @ weight[cand].T
         target = torch.searchsorted(cand, y)
         loss = torch.nn.functional.cross_entropy(logits, target)
@@ -343,57 +294,10 @@ def _write_demo_model(out_dir: Path, *, steps: int, seed: int) -> None:
 
 
 def build_demo_model_dir(out_dir: Path, *, steps: int = 120, seed: int = 0) -> Path:
-    """Write the Kimi-shaped tokenizer and a tiny trained ``Qwen3ForCausalLM`` to ``out_dir``.
-
-    The model (2 layers, hidden 64, vocab 163840, tied embeddings) is trained for
-    ``steps`` CPU steps with a sampled-softmax loss on synthetic chats so that,
-    after a prompt ending in ``<think>``, it writes reasoning, ``</think>`` and an
-    answer or a Kimi tool-call section, then ``<|im_end|>``; prompts asking it to
-    "ponder" something make it ramble without closing the reasoning.  The result
-    is deterministic for a given ``seed``.  Returns ``out_dir``.
-    """
+    """Write the Kimi-shaped tokenizer and the tiny ``Qwen3ForCausalLM`` (2 layers, hidden 64, tied
+    embeddings) trained for ``steps`` CPU steps with a sampled-softmax loss, deterministic for a given
+    ``seed``, to ``out_dir``; return it."""
     import torch
 
     torch.set_num_threads(1)
-    t0 = time.monotonic()
-    out = atomic_build(Path(out_dir), lambda d: _write_demo_model(d, steps=steps, seed=seed))
-    log.info("wrote demo model to %s in %.1f s", out, time.monotonic() - t0)
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m eagle3_datagen.demo.model",
-        description="Build the demo's Kimi-shaped tokenizer, or it and the tiny demo model, offline.",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_tok = sub.add_parser("kimi-tokenizer", help="write the Kimi-shaped tokenizer directory")
-    p_tok.add_argument("out_dir", type=Path)
-    p_model = sub.add_parser("demo-model", help="write the tokenizer plus a tiny trained Qwen3 model")
-    p_model.add_argument("out_dir", type=Path)
-    p_model.add_argument("--steps", type=int, default=120, help="training steps (default 120)")
-    p_model.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    args = parser.parse_args(argv)
-
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.command == "kimi-tokenizer":
-        build_kimi_shaped_tokenizer(args.out_dir)
-    else:
-        if args.steps < 0:
-            parser.error("--steps must be >= 0")
-        build_demo_model_dir(args.out_dir, steps=args.steps, seed=args.seed)
-    return 0
-
-
-if __name__ == "__main__":
-    main()
+    return atomic_build(Path(out_dir), lambda d: _write_demo_model(d, steps=steps, seed=seed), "demo model")
