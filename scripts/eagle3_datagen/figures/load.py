@@ -3,8 +3,6 @@ hits and time queued per category, each a sentence when there is nothing to show
 requests in flight over each generate job's run, against the concurrency limit and what the server
 reported running and waiting."""
 
-from pathlib import Path
-
 from eagle3_datagen.figures.base import (
     category_axis,
     empty_panel,
@@ -12,7 +10,6 @@ from eagle3_datagen.figures.base import (
     legend_beside,
     percent_ticks,
     pyplot,
-    save,
 )
 
 NO_ANSWERS = "No answered rows: nothing to measure."
@@ -38,11 +35,8 @@ def _number(value) -> float | None:
 
 def _bars(ax, names: list[str], values: list, title: str, ylabel: str, empty: str) -> None:
     """One bar per category, or `empty` in its place when every value is zero or missing."""
-    if not names:
-        empty_panel(ax, title, NO_ANSWERS, width=34)
-        return
-    if not any(values):
-        empty_panel(ax, title, empty, width=34)
+    if not names or not any(values):
+        empty_panel(ax, title, empty if names else NO_ANSWERS, width=34)
         return
     ax.bar(range(len(names)), values, 0.6)
     category_axis(ax, names)
@@ -55,11 +49,8 @@ def _queue(ax, frame, names: list[str]) -> None:
     title = "Seconds queued in the server"
     means = [_number(v) for v in frame["queue_time_mean_s"]] if names else []
     p90 = [_number(v) for v in frame["queue_time_p90_s"]] if names else []
-    if not names:
-        empty_panel(ax, title, NO_ANSWERS, width=34)
-        return
-    if all(v is None for v in means):
-        empty_panel(ax, title, NO_QUEUE_TIMES, width=34)
+    if not names or all(v is None for v in means):
+        empty_panel(ax, title, NO_QUEUE_TIMES if names else NO_ANSWERS, width=34)
         return
     x = range(len(names))
     ax.bar([i - 0.2 for i in x], [v or 0.0 for v in means], 0.4, label="mean")
@@ -129,8 +120,3 @@ def draw_load(frame, timelines: dict[str, list]):
             ax.set_ylabel("requests")
     legend_beside(axes[columns - 1], list(lines.values()), list(lines))
     return fig
-
-
-def plot_load_figure(frame, timelines: dict[str, list], path: Path) -> None:
-    """Draw and save `draw_load`."""
-    save(draw_load(frame, timelines), path)

@@ -2,9 +2,7 @@
 server's GPUs are unknown) per projection row, with the 95 % interval from the pilot sample's
 spread; a sentence in place of the hours when the pilot measured no throughput."""
 
-from pathlib import Path
-
-from eagle3_datagen.figures.base import category_axis, empty_panel, integer_ticks, pyplot, save
+from eagle3_datagen.figures.base import category_axis, empty_panel, integer_ticks, pyplot
 
 NO_PILOT = "No pilot rows: nothing to project."
 NO_THROUGHPUT = (
@@ -53,8 +51,3 @@ def draw_projection(rows: list[dict], labels: list[str] | None = None):
     axes[1].set_ylabel(f"{unit} at the pilot's throughput")
     category_axis(axes[1], names)
     return fig
-
-
-def plot_projection(rows: list[dict], path: Path, labels: list[str] | None = None) -> None:
-    """Draw and save `draw_projection`."""
-    save(draw_projection(rows, labels), path)
