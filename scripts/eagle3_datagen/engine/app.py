@@ -96,8 +96,7 @@ def _make_job(srv: EngineServer, item: GenerateItem, wake: asyncio.Event | None)
 
 
 async def _inject_fault(srv: EngineServer, request, body, job: Job, t_start: float):
-    """The answer of an injected fault (the job aborted and the body recorded), or None once its
-    latency has passed and the body may run."""
+    """The answer of an injected fault (the job aborted, the body recorded), or None once any latency passed."""
     kind, status, delay = srv.faults.draw([job.rid])
     if kind is not None:
         job.request_abort()
@@ -136,8 +135,7 @@ def _response(srv: EngineServer, job: Job, t_start: float) -> dict[str, Any]:
 
 
 async def _answer(srv: EngineServer, request, job: Job, fut: asyncio.Future, t_start: float):
-    """Wait for the job, then answer; a request the server itself ended (an abort with a status)
-    fails with that status."""
+    """Wait for the job, then answer; a request the server ended itself (an abort with a status) fails so."""
     while not fut.done():
         await asyncio.wait([fut], timeout=POLL_S)
         if not fut.done() and disconnected(request):
@@ -155,8 +153,7 @@ async def _answer(srv: EngineServer, request, job: Job, fut: asyncio.Future, t_s
 
 
 class StreamText:
-    """A streamed request's text: deltas decoded incrementally (held back while the text ends in an
-    incomplete character), the last one the rest of the whole answer's text."""
+    """A streamed request's text: deltas decoded incrementally, held back while it ends in an incomplete character."""
 
     def __init__(self, tokenizer: Any, params):
         self.tokenizer, self.params = tokenizer, params

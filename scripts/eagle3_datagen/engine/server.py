@@ -164,8 +164,7 @@ class EngineServer:
         return self.scheduler.clip_max_new_tokens(len(item.input_ids), n) if self.scheduler else n
 
     def load(self) -> dict[str, Any]:
-        """This rank's `/v1/loads` entry: the simulated GPU's, else the requests in flight (the pool
-        taken as `max_batch` rows of the full context; a request runs once the backend started it)."""
+        """This rank's `/v1/loads` entry: the simulated GPU's, else the jobs in flight (a pool of `max_batch` contexts)."""
         if self.scheduler is not None:
             return dict(self.backend.load_snapshot, timestamp=time.time())
         jobs = list(self.inflight.values())
