@@ -1,11 +1,8 @@
-"""The demo's tiny model: synthetic Kimi-formatted chats and a ``Qwen3ForCausalLM`` trained on them.
-
-:func:`build_demo_model_dir` writes the Kimi-shaped tokenizer (`tokenizers`) and a tiny
-``Qwen3ForCausalLM`` trained for a few seconds on CPU on :func:`demo_conversations` (no model with
-weights can be had without the Hugging Face hub), so that it emits Kimi-formatted outputs:
-reasoning, ``</think>``, an answer or a tool-call section, ``<|im_end|>``; some prompts make it
-ramble without ever closing the reasoning. Imports `demo.tokenizers` only (``torch`` and
-``transformers`` when it trains).
+"""The demo's tiny model (no model with weights can be had without the Hugging Face hub):
+:func:`build_demo_model_dir` writes the Kimi-shaped tokenizer and a tiny ``Qwen3ForCausalLM`` trained
+for a few seconds on CPU on :func:`demo_conversations`, so that it emits Kimi-formatted outputs:
+reasoning, ``</think>``, an answer or a tool-call section, ``<|im_end|>``; some prompts make it ramble
+without ever closing the reasoning. Imports `demo.tokenizers` only (torch and transformers to train).
 """
 
 from __future__ import annotations
@@ -51,6 +48,7 @@ _RAMBLE_LINES = [
     "Actually, let me think about it again more carefully.",
     "But then again, maybe that is not right either.",
 ]
+Example = tuple[list[int], int]  # a training example: prompt + completion ids, and the prompt's length
 
 
 def _tool_schema(name: str) -> dict[str, Any]:
@@ -175,8 +173,7 @@ def demo_conversations(n: int, *, seed: int = 0) -> list[dict[str, Any]]:
     return [_conversation(rng, rng.choices(kinds, weights)[0]) for _ in range(n)]
 
 
-def _encode_examples(tok: Any, convs: list[dict[str, Any]]) -> list[tuple[list[int], int]]:
-    """(prompt + completion ids, prompt length) per conversation."""
+def _encode_examples(tok: Any, convs: list[dict[str, Any]]) -> list[Example]:
     out = []
     for conv in convs:
         kwargs = {"tools": conv["tools"]} if conv["tools"] else {}
@@ -188,11 +185,9 @@ def _encode_examples(tok: Any, convs: list[dict[str, Any]]) -> list[tuple[list[i
     return out
 
 
-def _length_buckets(
-    examples: list[tuple[list[int], int]], batch_size: int, steps: int, rng: random.Random
-) -> list[list[tuple[list[int], int]]]:
+def _length_buckets(examples: list[Example], batch_size: int, steps: int, rng: random.Random) -> list[list[Example]]:
     """``steps`` batches of similar-length examples (less padding), in random order."""
-    batches: list[list[tuple[list[int], int]]] = []
+    batches: list[list[Example]] = []
     window = batch_size * 4
     while len(batches) < steps:
         order = examples[:]
@@ -211,11 +206,8 @@ def _train(model: Any, tok: Any, *, steps: int, seed: int) -> None:
 
     batch_size = 20
     n_negatives = 4096
-    convs = demo_conversations(max(steps * batch_size // 2, 256), seed=seed + 1)
-    examples = _encode_examples(tok, convs)
+    examples = _encode_examples(tok, demo_conversations(max(steps * batch_size // 2, 256), seed=seed + 1))
     always = torch.tensor(sorted({t for ids, p in examples for t in ids[p:]}), dtype=torch.long)
-    vocab = model.config.vocab_size
-    pad_id = tok.pad_token_id
 
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
@@ -227,10 +219,9 @@ def _train(model: Any, tok: Any, *, steps: int, seed: int) -> None:
     weight = model.get_input_embeddings().weight
     model.train()
     t0 = time.monotonic()
-    batches = _length_buckets(examples, batch_size, steps, rng)
-    for step, batch in enumerate(batches):
+    for step, batch in enumerate(_length_buckets(examples, batch_size, steps, rng)):
         width = max(len(ids) for ids, _ in batch)
-        input_ids = torch.full((batch_size, width), pad_id, dtype=torch.long)
+        input_ids = torch.full((batch_size, width), tok.pad_token_id, dtype=torch.long)
         attn = torch.zeros((batch_size, width), dtype=torch.long)
         labels = torch.full((batch_size, width), -100, dtype=torch.long)
         for i, (ids, plen) in enumerate(batch):
@@ -241,11 +232,9 @@ def _train(model: Any, tok: Any, *, steps: int, seed: int) -> None:
         y = labels[:, 1:]
         keep = y != -100
         h, y = hidden[:, :-1][keep], y[keep]
-        negatives = torch.randint(0, vocab, (n_negatives,), generator=gen)
+        negatives = torch.randint(0, model.config.vocab_size, (n_negatives,), generator=gen)
         cand = torch.unique(torch.cat([y, always, negatives]))
-        logits = h @ weight[cand].T
-        target = torch.searchsorted(cand, y)
-        loss = torch.nn.functional.cross_entropy(logits, target)
+        loss = torch.nn.functional.cross_entropy(h @ weight[cand].T, torch.searchsorted(cand, y))
         opt.zero_grad(set_to_none=False)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -288,9 +277,8 @@ def _write_demo_model(out_dir: Path, *, steps: int, seed: int) -> None:
         pad_token_id=tok.pad_token_id,
     )
     model.save_pretrained(out_dir)
-    for f in out_dir.iterdir():
-        if f.is_file():
-            os.chmod(f, 0o644)
+    for f in filter(Path.is_file, out_dir.iterdir()):
+        os.chmod(f, 0o644)
 
 
 def build_demo_model_dir(out_dir: Path, *, steps: int = 120, seed: int = 0) -> Path:

@@ -76,10 +76,9 @@ KIMI_MODEL_TOKEN_CONFIG = {
     "media_placeholder_token_id": 163605,
 }
 
-#: Chat template with the structure of Kimi-K2.5's: optional tool declaration,
-#: default system prompt, history assistant turns with blank reasoning, reasoning
-#: kept for the assistant turns of the current tool-call loop, and a generation
-#: prompt that ends with ``<think>`` (or ``<think></think>`` with thinking=False).
+#: Chat template with the structure of Kimi-K2.5's: optional tool declaration, default system prompt,
+#: history assistant turns with blank reasoning, reasoning kept for the assistant turns of the current
+#: tool-call loop, and a generation prompt ending with ``<think>`` (``<think></think>`` with thinking=False).
 KIMI_CHAT_TEMPLATE = r"""{%- macro render_content(msg) -%}
 {%- set c = msg.content -%}
 {%- if c is string -%}{{ c }}
@@ -148,8 +147,7 @@ def qwen3_tokenizer_dir() -> Path:
         raise FileNotFoundError(
             f"the Qwen3 tokenizer files come from the pip package {QWEN3_TOKENIZER_PACKAGE}, which is not installed"
         )
-    tok_dir = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
-    return _check_qwen3_dir(tok_dir)
+    return _check_qwen3_dir(Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files")
 
 
 def atomic_build(out_dir: Path, build: Callable[[Path], None], what: str = "") -> Path:
@@ -178,22 +176,15 @@ def atomic_build(out_dir: Path, build: Callable[[Path], None], what: str = "") -
     return out_dir
 
 
-def _added_token(content: str, idx: int, special: bool) -> dict[str, Any]:
-    return {
-        "id": idx,
-        "content": content,
-        "single_word": False,
-        "lstrip": False,
-        "rstrip": False,
-        "normalized": False,
-        "special": special,
-    }
+def _added_token(idx: int, content: str, special: bool) -> dict[str, Any]:
+    flags = dict.fromkeys(("single_word", "lstrip", "rstrip", "normalized"), False)
+    return {"id": idx, "content": content, **flags, "special": special}
 
 
 def _added_tokens_decoder() -> dict[str, dict[str, Any]]:
     """``tokenizer_config.json``'s ``added_tokens_decoder``: Kimi-K2's named added tokens by id."""
     return {
-        str(idx): {k: v for k, v in _added_token(content, idx, special).items() if k != "id"}
+        str(idx): {k: v for k, v in _added_token(idx, content, special).items() if k != "id"}
         for content, (idx, special) in sorted(KIMI_SPECIAL_TOKENS.items(), key=lambda kv: kv[1][0])
     }
 
@@ -213,11 +204,8 @@ def write_kimi_tokenizer(out_dir: Path) -> None:
     """Write the Kimi-shaped tokenizer's files into the existing directory ``out_dir`` (not atomically)."""
     tok = _qwen3_tokenizer_json()
     by_id = {idx: (content, special) for content, (idx, special) in KIMI_SPECIAL_TOKENS.items()}
-    added = []
-    for idx in range(QWEN3_BPE_SIZE, KIMI_VOCAB_SIZE):
-        content, special = by_id.get(idx, (f"<|reserved_token_{idx}|>", True))
-        added.append(_added_token(content, idx, special))
-    tok["added_tokens"] = added
+    tok["added_tokens"] = [_added_token(idx, *by_id.get(idx, (f"<|reserved_token_{idx}|>", True)))
+                           for idx in range(QWEN3_BPE_SIZE, KIMI_VOCAB_SIZE)]  # fmt: skip
     tok["post_processor"] = {
         "type": "ByteLevel",
         "add_prefix_space": False,
@@ -226,8 +214,7 @@ def write_kimi_tokenizer(out_dir: Path) -> None:
     }
     tok["truncation"] = None
     tok["padding"] = None
-    with open(out_dir / "tokenizer.json", "w", encoding="utf-8") as f:
-        json.dump(tok, f, ensure_ascii=False)
+    (out_dir / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
 
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -241,10 +228,8 @@ def write_kimi_tokenizer(out_dir: Path) -> None:
         "added_tokens_decoder": _added_tokens_decoder(),
         "chat_template": KIMI_CHAT_TEMPLATE,
     }
-    with open(out_dir / "tokenizer_config.json", "w", encoding="utf-8") as f:
-        json.dump(config, f, ensure_ascii=False, indent=2)
-    with open(out_dir / "special_tokens_map.json", "w", encoding="utf-8") as f:
-        json.dump(SPECIAL_TOKEN_NAMES, f, indent=2)
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2), encoding="utf-8")
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKEN_NAMES, indent=2), encoding="utf-8")
 
 
 TIKTOKEN_MODULE = Path(__file__).with_name("tiktoken_fixture") / "tokenization_kimi.py"
