@@ -40,8 +40,7 @@ def _bars(ax, names: list[str], values: list, title: str, ylabel: str, empty: st
         return
     ax.bar(range(len(names)), values, 0.6)
     category_axis(ax, names)
-    ax.set_title(title)
-    ax.set_ylabel(ylabel)
+    ax.set(title=title, ylabel=ylabel)
     ax.set_ylim(0, max(values) * 1.1)
 
 
@@ -59,14 +58,8 @@ def _queue(ax, frame, names: list[str]) -> None:
         if v is None:
             ax.text(i, 0, "not\nreported", ha="center", va="bottom", fontsize=7, color="0.3")
     category_axis(ax, names)
-    ax.set_title(title)
-    ax.set_ylabel("seconds")
+    ax.set(title=title, ylabel="seconds")
     legend_beside(ax)
-
-
-def _jobs(names: list[str], timelines: dict[str, list]) -> list[tuple[str, dict]]:
-    """Every generate job's (label, timeline columns), in category order."""
-    return [(label, cols) for name in names for label, cols in timelines.get(name, [])]
 
 
 def _timeline(ax, label: str, cols: dict) -> list:
@@ -86,16 +79,15 @@ def draw_load(frame, timelines: dict[str, list]):
     """How the server carried each category (`frame`: the load table; `timelines`: per category, its
     generate jobs' (label, timeline columns)): a row of per-category panels, then one panel per
     generate job (three a row, one y scale); the figure, unsaved."""
-    plt = pyplot()
     names = [str(c) for c in frame["category"]] if len(frame) and frame["answered"].sum() else []
-    jobs = _jobs(names, timelines)
+    jobs = [(label, cols) for name in names for label, cols in timelines.get(name, [])]  # in category order
     columns = min(3, max(len(jobs), 1))
     rows = -(-max(len(jobs), 1) // columns)
     retractions = [float(v) for v in frame["retractions_per_1000"]] if names else []
     hits = [float(v) for v in frame["cache_hit_share"]] if names else []
     reported = names and any(_number(v) is not None for v in frame["queue_time_mean_s"])
     height = 3.6 if any(retractions) or any(hits) or reported else 2.0  # sentences only: a short row
-    fig = plt.figure(figsize=(14, height + 3.0 * rows), layout="constrained")
+    fig = pyplot().figure(figsize=(14, height + 3.0 * rows), layout="constrained")
     outer = fig.add_gridspec(2, 1, height_ratios=(height, 3.0 * rows))
     top = [fig.add_subplot(cell) for cell in outer[0].subgridspec(1, 3)]
     _bars(top[0], names, retractions, "KV-cache retractions per 1,000 answers", "retractions", NO_RETRACTIONS)

@@ -37,8 +37,7 @@ def draw_projection(rows: list[dict], labels: list[str] | None = None):
         return fig
     x = range(len(rows))
     axes[0].bar(x, [r["output_tokens"] for r in rows], 0.6, yerr=[r["output_tokens_ci95"] for r in rows], capsize=4)
-    axes[0].set_title(tokens_title)
-    axes[0].set_ylabel("output tokens")
+    axes[0].set(title=tokens_title, ylabel="output tokens")
     integer_ticks(axes[0].yaxis)
     category_axis(axes[0], names)
     hours = _hours(rows)
@@ -47,7 +46,6 @@ def draw_projection(rows: list[dict], labels: list[str] | None = None):
         return fig
     unit, values, ci = hours
     axes[1].bar(x, values, 0.6, yerr=ci, capsize=4, color="tab:orange")
-    axes[1].set_title(f"Projected {unit} (95 % interval)")
-    axes[1].set_ylabel(f"{unit} at the pilot's throughput")
+    axes[1].set(title=f"Projected {unit} (95 % interval)", ylabel=f"{unit} at the pilot's throughput")
     category_axis(axes[1], names)
     return fig

@@ -34,9 +34,7 @@ def draw_lengths(lengths: dict[str, tuple[list[int], list[int]]]):
                 ax.hist(lengths[name][which], bins=edges, histtype="stepfilled", color=colours[name], alpha=0.12)
                 ax.hist(lengths[name][which], bins=edges, histtype="step", color=colours[name], linewidth=1.6,
                         label=f"{name}, n={len(lengths[name][which])}")  # fmt: skip
-        ax.set_title(title)
-        ax.set_xlabel(what)
-        ax.set_ylabel("rows")
+        ax.set(title=title, xlabel=what, ylabel="rows")
         integer_ticks(ax.xaxis)
         integer_ticks(ax.yaxis)
     drawn = [ax for ax in axes if ax.axison]
@@ -84,9 +82,7 @@ def draw_turns(turns):
             axes[0].bar(xs, ms, width, bottom=bs, color=colour, alpha=0.35, hatch="//", edgecolor="0.25")
         axes[1].bar(x, tokens, width, color=colour, label=name)
     for ax, title, ylabel in ((axes[0], rows_title, "rows"), (axes[1], tokens_title, "output tokens")):
-        ax.set_title(title)
-        ax.set_xlabel("turn index (0: a conversation's first regenerated turn)")
-        ax.set_ylabel(ylabel)
+        ax.set(title=title, xlabel="turn index (0: a conversation's first regenerated turn)", ylabel=ylabel)
         integer_ticks(ax.xaxis)
         integer_ticks(ax.yaxis)
     if not any(bar.get_height() for bar in axes[1].patches):

@@ -35,14 +35,13 @@ def _stacked(title: str, empty: str | None, names: list[str], series: dict[str, 
             ax.barh(range(len(names)), values, left=left, label=label, color=colour)
             left = [a + b for a, b in zip(left, values)]
     category_axis(ax, names, horizontal=True)
-    ax.set_xlabel(xlabel)
+    ax.set(title=title, xlabel=xlabel)
     if share:
         ax.set_xlim(0, 1)
         percent_ticks(ax.xaxis)
     else:
         integer_ticks(ax.xaxis)
     legend_beside(ax)
-    ax.set_title(title)
     return fig
 
 
