@@ -230,32 +230,23 @@ def fill(value: Any, server: Server) -> Any:
 
 
 def generate_probe(body: dict, *, greedy=True, record_first=False):
-    """A /generate body (single or batch) and the facts of its answers."""
+    """A /generate body and the facts of its answer."""
 
     def run(server: Server, name: str) -> dict:
         sent = fill(body, server)
         reply = server.generate(sent)
         facts = reply_facts(reply)
-        ids = sent.get("input_ids")
-        batch = isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
-        params = sent.get("sampling_params") or {}
-        if not batch:
-            facts["client"] = client_outcome(reply, params.get("max_new_tokens", 128))
+        ids, params = sent.get("input_ids"), sent.get("sampling_params") or {}
+        facts["client"] = client_outcome(reply, params.get("max_new_tokens", 128))
         if reply.status != 200:
             return facts
-        answers = reply.body if batch else [reply.body]
-        rids = sent.get("rid")
-        for i, ans in enumerate(answers):
-            p = params[i] if isinstance(params, list) else params
-            rid = rids[i] if isinstance(rids, list) else f"{rids}_{i}" if batch and rids else rids
-            prompt_len = len(ids[i] if batch else ids) if ids else None
-            facts[f"answer{i}"] = answer_facts(server, ans, params=p, prompt_len=prompt_len, rid=rid,
-                                               stop_ids=p.get("stop_token_ids") or ())  # fmt: skip
-            if greedy:
-                server.tokens[f"{name}[{i}]"] = ans.get("output_ids")
-        facts["answers"] = len(answers) if batch else "single"
+        ans = reply.body
+        facts["answer"] = answer_facts(server, ans, params=params, prompt_len=len(ids), rid=sent.get("rid"),
+                                       stop_ids=params.get("stop_token_ids") or ())  # fmt: skip
+        if greedy:
+            server.tokens[name] = ans.get("output_ids")
         if record_first:
-            server.first_token = reply.body["output_ids"][0]
+            server.first_token = ans["output_ids"][0]
         return facts
 
     return run
@@ -326,8 +317,8 @@ def loads_facts(reply: Reply) -> dict:
 
 
 def inflight_probe(server: Server, name: str) -> dict:
-    """A long request in flight under rid X: the load while it runs, a second request (and a batch)
-    with rid X, an abort of an unknown rid and of X, and X's own answer."""
+    """A long request in flight under rid X: the load while it runs, a second request with rid X, an
+    abort of an unknown rid and of X, and X's own answer."""
     rid = "diff-long"
     body = {"input_ids": [1, 2, 3, 4], "rid": rid,
             "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "temperature": 0}}  # fmt: skip
@@ -340,8 +331,6 @@ def inflight_probe(server: Server, name: str) -> dict:
         facts["loads_busy"] = loads_facts(busy)
         duplicate = {"input_ids": [5, 6], "rid": rid, "sampling_params": {"max_new_tokens": 2}}
         facts["duplicate_rid"] = reply_facts(server.generate(duplicate))
-        in_batch = {"input_ids": [[5], [6]], "rid": [rid, "diff-other"], "sampling_params": {"max_new_tokens": 2}}
-        facts["duplicate_rid_in_batch"] = reply_facts(server.generate(in_batch))
         facts["abort_unknown"] = reply_facts(call(server.url, "POST", "/abort_request", {"rid": "diff-none"}))
         facts["abort"] = reply_facts(call(server.url, "POST", "/abort_request", {"rid": rid}))
     finally:
@@ -447,7 +436,7 @@ def refused(params: dict, **body) -> dict:
 LONG = [5] * 2100
 JSON_BODY = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 1}}
 PROBES = {
-    # Answers: stop on a stop id, on the model's EOS, on length; single and batch
+    # Answers: stop on a stop id, on the model's EOS, on length (batch bodies: the client sends none)
     "length_one": generate_probe(greedy(1), record_first=True),
     "client_body_eos": client_probe(32, "diff-eos"),
     "client_body_length": client_probe(8, "diff-len"),
@@ -458,14 +447,9 @@ PROBES = {
     "length": generate_probe(greedy(8, rid="diff-8")),
     "length_zero": generate_probe(greedy(0)),
     "sampled": generate_probe(greedy(8, params={"temperature": 0.8, "top_p": 0.9, "sampling_seed": 3}), greedy=False),
-    "batch": generate_probe(greedy(8, input_ids=["<prompt>", [1, 2, 3]])),
-    "batch_rid_prefix": generate_probe(greedy(4, input_ids=["<prompt>", [1, 2, 3]], rid="diff-b")),
-    "batch_mixed": generate_probe({"input_ids": ["<prompt>", [1, 2, 3]], "rid": ["diff-m0", "diff-m1"],
-                                   "sampling_params": [greedy(32)["sampling_params"], greedy(4)["sampling_params"]]}),
     # Refusals of /generate: lengths, sampling params, the body's fields
     "over_context": generate_probe(greedy(4, input_ids=LONG)),
     "over_context_total": generate_probe(greedy(32, input_ids=[5] * 2040)),
-    "over_context_in_batch": generate_probe(greedy(4, input_ids=[[1, 2], LONG])),
     "unknown_param": generate_probe(refused({"max_new_tokens": 4, "bogus": 1})),
     "temperature_negative": generate_probe(refused({"max_new_tokens": 4, "temperature": -1})),
     "top_p_zero": generate_probe(refused({"max_new_tokens": 4, "top_p": 0})),
@@ -476,7 +460,6 @@ PROBES = {
     "param_float_for_int": generate_probe(refused({"max_new_tokens": 1.5})),
     "no_input": generate_probe({"sampling_params": {}}),
     "empty_input": raw_probe("POST", "/generate", {"input_ids": []}),
-    "duplicate_rids_in_body": generate_probe(greedy(1, input_ids=[[1, 2], [3]], rid=["a", "a"])),
     "field_types": raw_probe("POST", "/generate", {"input_ids": [1, 2], "stream": "maybe", "rid": [1],
                                                    "sampling_params": [5]}),
     "input_ids_string": raw_probe("POST", "/generate", {"input_ids": "abc"}),

@@ -294,14 +294,3 @@ def test_demo_conversations_mix() -> None:
             assert "</think>" not in c["completion"] and not c["completion"].endswith("<|im_end|>")
         else:
             assert "</think>" in c["completion"] and c["completion"].endswith("<|im_end|>")
-
-
-def test_cli_builds_tokenizer(tmp_path: Path) -> None:
-    out = tmp_path / "kimi"
-    demo_model.main(["kimi-tokenizer", str(out)])
-    config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
-    assert config["eos_token"] == "[EOS]"
-    assert config["chat_template"] == fixtures.KIMI_CHAT_TEMPLATE
-    with pytest.raises(SystemExit):
-        demo_model.main(["demo-model", str(tmp_path / "m"), "--steps", "-1"])
-    assert not (tmp_path / "m").exists()

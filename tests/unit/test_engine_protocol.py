@@ -1,4 +1,4 @@
-"""The local engine's wire format: sampling parameters, a body split and checked, stopping rules,
+"""The local engine's wire format: sampling parameters, a body checked (batches refused), stopping rules,
 the answer's text and keys. What the client reads is SGLang's; messages are the engine's own."""
 
 import importlib.util
@@ -64,18 +64,11 @@ def test_sampling_bounds_are_verified(params):
     refused(SamplingParams.from_request(params).verify, 100)
 
 
-def test_single_and_batch_bodies_and_their_rids():
-    single = parse({"input_ids": [5, 6], "rid": "a", "sampling_params": {"max_new_tokens": 3}})
-    assert single.is_single and [(i.rid, i.input_ids, i.params.max_new_tokens) for i in single.items] == [
-        ("a", [5, 6], 3)
-    ]
-    batch = parse({"input_ids": [[1], [2, 3], [4]], "rid": "r", "sampling_params": {"top_p": 0.5}})
-    assert not batch.is_single and [i.rid for i in batch.items] == ["r_0", "r_1", "r_2"]
-    assert all(i.params.top_p == 0.5 for i in batch.items)  # one dict for all
-    listed = parse({"input_ids": [[1], [2]], "rid": ["x", "y"], "sampling_params": [{"max_new_tokens": 1}, {}]})
-    assert [(i.rid, i.params.max_new_tokens) for i in listed.items] == [("x", 1), ("y", 128)]
-    assert parse({"input_ids": [[1], [2]]}).items[1].rid == "uuid1"
+def test_a_body_and_its_rid():
+    item = parse({"input_ids": [5, 6], "rid": "a", "sampling_params": {"max_new_tokens": 3}})
+    assert (item.rid, item.input_ids, item.params.max_new_tokens, item.stream) == ("a", [5, 6], 3, False)
     assert parse({"input_ids": [1], "stream": True}).stream
+    assert parse({"input_ids": [1]}).rid == "uuid0"
 
 
 @pytest.mark.parametrize(
@@ -83,8 +76,7 @@ def test_single_and_batch_bodies_and_their_rids():
     [
         None, [1, 2], {"input_ids": []}, {"sampling_params": {}}, {"input_ids": "abc"}, {"input_ids": [1, "a"]},
         {"input_ids": [1], "stream": None}, {"input_ids": [1], "rid": [1]}, {"input_ids": [1], "sampling_params": [5]},
-        {"input_ids": [[1], [2]], "rid": ["x"]}, {"input_ids": [[1], [2]], "rid": ["x", "x"]},
-        {"input_ids": [1], "rid": ["x"]}, {"input_ids": [[1], [2]], "sampling_params": [{}]},
+        {"input_ids": [[1], [2]]}, {"input_ids": [1], "rid": ["x"]}, {"input_ids": [1], "sampling_params": [{}]},
         {"text": "Hello"}, {"text": ["a", "bc"]}, {"input_ids": [1], "text": "a"},
     ],
 )  # fmt: skip
@@ -93,11 +85,11 @@ def test_malformed_bodies_are_refused(body):
 
 
 def test_lengths_against_the_context_and_the_budget_clamp():
-    item = parse({"input_ids": [1] * 90, "sampling_params": {"max_new_tokens": 10}}).items[0]
+    item = parse({"input_ids": [1] * 90, "sampling_params": {"max_new_tokens": 10}})
     protocol.validate_item(item, context_len=100, vocab_size=None)  # exactly the context: allowed
     refused(protocol.validate_item, item, context_len=99, vocab_size=None)
-    refused(protocol.validate_item, parse({"input_ids": [1] * 100}).items[0], context_len=100, vocab_size=None)
-    refused(protocol.validate_item, parse({"input_ids": [7]}).items[0], context_len=100, vocab_size=5)
+    refused(protocol.validate_item, parse({"input_ids": [1] * 100}), context_len=100, vocab_size=None)
+    refused(protocol.validate_item, parse({"input_ids": [7]}), context_len=100, vocab_size=5)
     # the scheduler clamps to (context - 1) - input - 1, as SGLang's init_req_max_new_tokens does
     assert protocol.effective_max_new_tokens(90, 10, 100) == 8
     assert protocol.effective_max_new_tokens(10, 5, 100) == 5 and protocol.effective_max_new_tokens(99, None, 100) == 0
@@ -105,14 +97,14 @@ def test_lengths_against_the_context_and_the_budget_clamp():
 
 def test_check_finish_rules():
     p = SamplingParams.from_request({"stop_token_ids": [9]})
-    stop = protocol.stop_token_ids({2}, p)
+    stop, _ = protocol.stop_sets({2}, p)
     assert stop == {2, 9}
     assert protocol.check_finish([1, 9], stop_ids=stop, max_new_tokens=5) == {"type": "stop", "matched": 9}
     assert protocol.check_finish([1, 3], stop_ids=stop, max_new_tokens=5) is None
     assert protocol.check_finish([1, 3], stop_ids=stop, max_new_tokens=2) == {"type": "length", "length": 2}
     # ignore_eos turns every token stop off, the request's stop_token_ids included
     q = SamplingParams.from_request({"stop_token_ids": [9], "ignore_eos": True})
-    assert protocol.stop_token_ids({2}, q) == frozenset() and protocol.min_new_tokens_banned({2}, q) == {2, 9}
+    assert protocol.stop_sets({2}, q) == (frozenset(), {2, 9})
 
 
 def test_text_trims_the_matched_stop_unless_no_stop_trim(tok):

@@ -1,20 +1,12 @@
-"""The demo's tiny model: synthetic Kimi-formatted chats and a ``Qwen3ForCausalLM`` trained on them.
-
-:func:`build_demo_model_dir` writes the Kimi-shaped tokenizer (`tokenizers`) and a tiny
-``Qwen3ForCausalLM`` trained for a few seconds on CPU on :func:`demo_conversations` (no model with
-weights can be had without the Hugging Face hub), so that it emits Kimi-formatted outputs:
-reasoning, ``</think>``, an answer or a tool-call section, ``<|im_end|>``; some prompts make it
-ramble without ever closing the reasoning. Command line::
-
-    python -m eagle3_datagen.demo.model kimi-tokenizer OUT_DIR
-    python -m eagle3_datagen.demo.model demo-model OUT_DIR [--steps N] [--seed S]
-
-Imports `demo.tokenizers` only (``torch`` and ``transformers`` when it trains).
+"""The demo's tiny model (no model with weights can be had without the Hugging Face hub):
+:func:`build_demo_model_dir` writes the Kimi-shaped tokenizer and a tiny ``Qwen3ForCausalLM`` trained
+for a few seconds on CPU on :func:`demo_conversations`, so that it emits Kimi-formatted outputs:
+reasoning, ``</think>``, an answer or a tool-call section, ``<|im_end|>``; some prompts make it ramble
+without ever closing the reasoning. Imports `demo.tokenizers` only (torch and transformers to train).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -23,14 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eagle3_datagen.demo.tokenizers import atomic_build, build_kimi_shaped_tokenizer, write_kimi_tokenizer
+from eagle3_datagen.demo.tokenizers import atomic_build, write_kimi_tokenizer
 
 log = logging.getLogger(__name__)
-
-
-# --------------------------------------------------------------------------------------
-# Synthetic conversations for the demo model
-# --------------------------------------------------------------------------------------
 
 _TOOL_SPECS: dict[str, tuple[str, dict[str, str]]] = {
     "get_weather": ("Get the current weather for a city.", {"city": "string"}),
@@ -61,33 +48,21 @@ _RAMBLE_LINES = [
     "Actually, let me think about it again more carefully.",
     "But then again, maybe that is not right either.",
 ]
+Example = tuple[list[int], int]  # a training example: prompt + completion ids, and the prompt's length
 
 
 def _tool_schema(name: str) -> dict[str, Any]:
     desc, params = _TOOL_SPECS[name]
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": desc,
-            "parameters": {
-                "type": "object",
-                "properties": {p: {"type": t} for p, t in params.items()},
-                "required": list(params),
-            },
-        },
-    }
+    schema = {"type": "object", "properties": {p: {"type": t} for p, t in params.items()}, "required": list(params)}
+    return {"type": "function", "function": {"name": name, "description": desc, "parameters": schema}}
 
 
 def _tool_request(rng: random.Random, name: str) -> tuple[str, dict[str, Any], str]:
     """(user question, call arguments, short description) for a tool."""
     if name == "get_weather":
         city = rng.choice(_CITIES)
-        return (
-            rng.choice([f"What's the weather in {city}?", f"Is it raining in {city} right now?"]),
-            {"city": city},
-            f"the weather in {city}",
-        )
+        q = rng.choice([f"What's the weather in {city}?", f"Is it raining in {city} right now?"])
+        return q, {"city": city}, f"the weather in {city}"
     if name == "search_web":
         q = rng.choice(_QUERIES)
         return f"Search the web for the {q}.", {"query": q}, f"the {q}"
@@ -133,13 +108,9 @@ def _history(rng: random.Random, max_turns: int) -> list[dict[str, Any]]:
 
 
 def _conversation(rng: random.Random, kind: str) -> dict[str, Any]:
-    """One synthetic example: ``messages``, ``tools`` and the target ``completion``.
-
-    Kinds: ``answer`` (reasoning, ``</think>``, answer, ``<|im_end|>``), ``tool_call``
-    (reasoning, ``</think>``, tool-call section, ``<|im_end|>``), ``tool_answer``
-    (tools declared but answered directly), ``tool_result`` (final answer after a
-    tool result) and ``ramble`` (endless reasoning; no ``</think>``).
-    """
+    """One synthetic example of a kind: ``answer`` (reasoning, ``</think>``, answer, ``<|im_end|>``),
+    ``tool_call`` (a tool-call section in place of the answer), ``tool_answer`` (tools declared but
+    answered directly), ``tool_result`` (the answer after a tool result) or ``ramble`` (no ``</think>``)."""
     messages: list[dict[str, Any]] = []
     if rng.random() < 0.4:
         messages.append({"role": "system", "content": rng.choice(["You are a helpful assistant.", "Answer briefly."])})
@@ -171,19 +142,9 @@ def _conversation(rng: random.Random, kind: str) -> dict[str, Any]:
             if kind == "tool_call":
                 completion = f"{reasoning}</think>{section}{end}"
             else:
+                call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
                 messages.append(
-                    {
-                        "role": "assistant",
-                        "content": "",
-                        "reasoning_content": reasoning,
-                        "tool_calls": [
-                            {
-                                "id": call_id,
-                                "type": "function",
-                                "function": {"name": name, "arguments": json.dumps(args)},
-                            }
-                        ],
-                    }
+                    {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": [call]}
                 )
                 result = rng.choice(["sunny, 21 C", "42", "ok", "3 results found", "12:30"])
                 messages.append({"role": "tool", "name": name, "tool_call_id": call_id, "content": result})
@@ -192,12 +153,9 @@ def _conversation(rng: random.Random, kind: str) -> dict[str, Any]:
         topic = rng.choice(_PONDER_TOPICS)
         q = rng.choice([f"Ponder {topic} forever.", f"Think very hard about {topic}, without stopping."])
         messages.append({"role": "user", "content": q})
-        lines = [f"The user wants me to ponder {topic}."]
         i = rng.randrange(len(_RAMBLE_LINES))
-        for _ in range(rng.randint(8, 12)):
-            lines.append(_RAMBLE_LINES[i % len(_RAMBLE_LINES)])
-            i += 1
-        completion = " ".join(lines)
+        lines = [_RAMBLE_LINES[(i + k) % len(_RAMBLE_LINES)] for k in range(rng.randint(8, 12))]
+        completion = " ".join([f"The user wants me to ponder {topic}.", *lines])
     else:
         raise ValueError(f"unknown conversation kind {kind!r}")
     return {"messages": messages, "tools": tools, "completion": completion, "kind": kind}
@@ -208,23 +166,14 @@ _KIND_WEIGHTS = {"answer": 0.45, "tool_answer": 0.07, "tool_result": 0.08, "tool
 
 
 def demo_conversations(n: int, *, seed: int = 0) -> list[dict[str, Any]]:
-    """``n`` synthetic conversations of the demo model's training mix.
-
-    Each item has ``messages``, ``tools`` (``None`` or a list of JSON-schema
-    functions), the target ``completion`` text and its ``kind``.
-    """
+    """``n`` synthetic conversations of the training mix: ``messages``, ``tools`` (None or JSON-schema
+    functions), the target ``completion`` text and its ``kind``."""
     rng = random.Random(seed)
     kinds, weights = zip(*_KIND_WEIGHTS.items())
     return [_conversation(rng, rng.choices(kinds, weights)[0]) for _ in range(n)]
 
 
-# --------------------------------------------------------------------------------------
-# Tiny demo model
-# --------------------------------------------------------------------------------------
-
-
-def _encode_examples(tok: Any, convs: list[dict[str, Any]]) -> list[tuple[list[int], int]]:
-    """(prompt + completion ids, prompt length) per conversation."""
+def _encode_examples(tok: Any, convs: list[dict[str, Any]]) -> list[Example]:
     out = []
     for conv in convs:
         kwargs = {"tools": conv["tools"]} if conv["tools"] else {}
@@ -236,11 +185,9 @@ def _encode_examples(tok: Any, convs: list[dict[str, Any]]) -> list[tuple[list[i
     return out
 
 
-def _length_buckets(
-    examples: list[tuple[list[int], int]], batch_size: int, steps: int, rng: random.Random
-) -> list[list[tuple[list[int], int]]]:
+def _length_buckets(examples: list[Example], batch_size: int, steps: int, rng: random.Random) -> list[list[Example]]:
     """``steps`` batches of similar-length examples (less padding), in random order."""
-    batches: list[list[tuple[list[int], int]]] = []
+    batches: list[list[Example]] = []
     window = batch_size * 4
     while len(batches) < steps:
         order = examples[:]
@@ -259,12 +206,8 @@ def _train(model: Any, tok: Any, *, steps: int, seed: int) -> None:
 
     batch_size = 20
     n_negatives = 4096
-    convs = demo_conversations(max(steps * batch_size // 2, 256), seed=seed + 1)
-    examples = _encode_examples(tok, convs)
-    always = sorted({t for ids, p in examples for t in ids[p:]})
-    always_t = torch.tensor(always, dtype=torch.long)
-    vocab = model.config.vocab_size
-    pad_id = tok.pad_token_id
+    examples = _encode_examples(tok, demo_conversations(max(steps * batch_size // 2, 256), seed=seed + 1))
+    always = torch.tensor(sorted({t for ids, p in examples for t in ids[p:]}), dtype=torch.long)
 
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
@@ -276,10 +219,9 @@ def _train(model: Any, tok: Any, *, steps: int, seed: int) -> None:
     weight = model.get_input_embeddings().weight
     model.train()
     t0 = time.monotonic()
-    batches = _length_buckets(examples, batch_size, steps, rng)
-    for step, batch in enumerate(batches):
+    for step, batch in enumerate(_length_buckets(examples, batch_size, steps, rng)):
         width = max(len(ids) for ids, _ in batch)
-        input_ids = torch.full((batch_size, width), pad_id, dtype=torch.long)
+        input_ids = torch.full((batch_size, width), tok.pad_token_id, dtype=torch.long)
         attn = torch.zeros((batch_size, width), dtype=torch.long)
         labels = torch.full((batch_size, width), -100, dtype=torch.long)
         for i, (ids, plen) in enumerate(batch):
@@ -290,11 +232,9 @@ def _train(model: Any, tok: Any, *, steps: int, seed: int) -> None:
         y = labels[:, 1:]
         keep = y != -100
         h, y = hidden[:, :-1][keep], y[keep]
-        negatives = torch.randint(0, vocab, (n_negatives,), generator=gen)
-        cand = torch.unique(torch.cat([y, always_t, negatives]))
-        logits = h @ weight[cand].T
-        target = torch.searchsorted(cand, y)
-        loss = torch.nn.functional.cross_entropy(logits, target)
+        negatives = torch.randint(0, model.config.vocab_size, (n_negatives,), generator=gen)
+        cand = torch.unique(torch.cat([y, always, negatives]))
+        loss = torch.nn.functional.cross_entropy(h @ weight[cand].T, torch.searchsorted(cand, y))
         opt.zero_grad(set_to_none=False)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -337,63 +277,15 @@ def _write_demo_model(out_dir: Path, *, steps: int, seed: int) -> None:
         pad_token_id=tok.pad_token_id,
     )
     model.save_pretrained(out_dir)
-    for f in out_dir.iterdir():
-        if f.is_file():
-            os.chmod(f, 0o644)
+    for f in filter(Path.is_file, out_dir.iterdir()):
+        os.chmod(f, 0o644)
 
 
 def build_demo_model_dir(out_dir: Path, *, steps: int = 120, seed: int = 0) -> Path:
-    """Write the Kimi-shaped tokenizer and a tiny trained ``Qwen3ForCausalLM`` to ``out_dir``.
-
-    The model (2 layers, hidden 64, vocab 163840, tied embeddings) is trained for
-    ``steps`` CPU steps with a sampled-softmax loss on synthetic chats so that,
-    after a prompt ending in ``<think>``, it writes reasoning, ``</think>`` and an
-    answer or a Kimi tool-call section, then ``<|im_end|>``; prompts asking it to
-    "ponder" something make it ramble without closing the reasoning.  The result
-    is deterministic for a given ``seed``.  Returns ``out_dir``.
-    """
+    """Write the Kimi-shaped tokenizer and the tiny ``Qwen3ForCausalLM`` (2 layers, hidden 64, tied
+    embeddings) trained for ``steps`` CPU steps with a sampled-softmax loss, deterministic for a given
+    ``seed``, to ``out_dir``; return it."""
     import torch
 
     torch.set_num_threads(1)
-    t0 = time.monotonic()
-    out = atomic_build(Path(out_dir), lambda d: _write_demo_model(d, steps=steps, seed=seed))
-    log.info("wrote demo model to %s in %.1f s", out, time.monotonic() - t0)
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m eagle3_datagen.demo.model",
-        description="Build the demo's Kimi-shaped tokenizer, or it and the tiny demo model, offline.",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_tok = sub.add_parser("kimi-tokenizer", help="write the Kimi-shaped tokenizer directory")
-    p_tok.add_argument("out_dir", type=Path)
-    p_model = sub.add_parser("demo-model", help="write the tokenizer plus a tiny trained Qwen3 model")
-    p_model.add_argument("out_dir", type=Path)
-    p_model.add_argument("--steps", type=int, default=120, help="training steps (default 120)")
-    p_model.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    args = parser.parse_args(argv)
-
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.command == "kimi-tokenizer":
-        build_kimi_shaped_tokenizer(args.out_dir)
-    else:
-        if args.steps < 0:
-            parser.error("--steps must be >= 0")
-        build_demo_model_dir(args.out_dir, steps=args.steps, seed=args.seed)
-    return 0
-
-
-if __name__ == "__main__":
-    main()
+    return atomic_build(Path(out_dir), lambda d: _write_demo_model(d, steps=steps, seed=seed), "demo model")

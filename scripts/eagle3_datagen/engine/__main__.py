@@ -1,6 +1,5 @@
-"""Run the local engine: `python -m eagle3_datagen.engine --model-dir DIR --port N ...` (-h).
-
-Serves SGLang's native HTTP API on CPU, logging to stderr. Stops on SIGTERM/SIGINT, and by itself
+"""`python -m eagle3_datagen.engine --model-dir DIR --port N ...` (-h): the local engine, serving
+SGLang's native HTTP API on CPU, logging to stderr. Stops on SIGTERM/SIGINT, and by itself
 when its parent process dies (polled every second), so that no engine outlives the job that started
 it. Imports `settings` and every module of the engine (lazily, so that `-h` answers at once).
 """
@@ -22,6 +21,10 @@ def _range(text: str) -> tuple[float, float]:
     if hi_f < lo_f or lo_f < 0:
         raise argparse.ArgumentTypeError(f"expected LO:HI with 0 <= LO <= HI, got {text!r}")
     return lo_f, hi_f
+
+
+def _counts(text: str) -> tuple[int, int]:
+    return tuple(int(x) for x in _range(text))
 
 
 def _rate(text: str) -> float:
@@ -52,23 +55,21 @@ def build_parser(prog: str = "python -m eagle3_datagen.engine") -> argparse.Argu
     g("--error-rate", type=_rate, default=0.0, help="probability of HTTP 500/503")
     g("--reset-rate", type=_rate, default=0.0, help="probability of a reset connection")
     g("--hang-rate", type=_rate, default=0.0, help="probability of never answering")
-    g("--fail-rids", help="regex: matching rids always get HTTP 500")
     g("--seed", type=int, default=0, help="seed of the fault RNG")
     g("--cut-rate", type=_rate, default=0.0, help="probability of a stream dropped mid-answer")
-    g("--cut-after", type=_range, default=(1, 1024), metavar="LO:HI", help="streamed ids before the drop")
+    g("--cut-after", type=_counts, default=(1, 1024), metavar="LO:HI", help="streamed ids before the drop")
     g("--fail-startup", action="store_true", help="exit with code 3 during start-up")
     g("--never-healthy", action="store_true", help="/health never answers 200")
     g("--die-after", type=int, help="exit abruptly after serving this many requests")
     g = p.add_argument_group("backends").add_argument
     g("--max-batch", type=int, default=16, help="rows decoded together (model; scripted without a capacity model)")
-    g("--answer-tokens", type=_range, help="scripted: long answers, LO:HI reasoning tokens per request")
+    g("--answer-tokens", type=_counts, help="scripted: long answers, LO:HI reasoning tokens per request")
     g("--answer-spread", choices=("uniform", "lognormal"), default="uniform", help="scripted: their spread")
-    g("--token-delay-ms", type=float, default=0.0, help="scripted: pace per token")
     g("--eos-rate", type=_rate, default=0.0, help="scripted: share of answers ending on eos, not the turn's end")
     g = p.add_argument_group("loop injection", "A share of requests, drawn per row, repeats one n-gram from an onset on until max_new_tokens; the record's `loop` says which.").add_argument  # fmt: skip
     g("--loop-share", type=_rate, default=0.0, help="share of requests that loop (default 0)")
-    g("--loop-onset", type=_range, default=(256, 1024), metavar="LO:HI", help="output tokens before the loop starts")
-    g("--loop-period", type=_range, default=(1, 32), metavar="LO:HI", help="tokens of the repeated n-gram, at least 1")
+    g("--loop-onset", type=_counts, default=(256, 1024), metavar="LO:HI", help="output tokens before the loop starts")
+    g("--loop-period", type=_counts, default=(1, 32), metavar="LO:HI", help="tokens of the repeated n-gram, at least 1")
     g("--loop-seed", type=int, default=0, help="seed of the draw")
     g = p.add_argument_group("capacity model (scripted)", "A simulated GPU (eagle3_datagen.engine.capacity), on with both limits; a step takes BASE + X*batch ms + Y*kv_tokens us + 0.5 us per prefill token, slept.").add_argument  # fmt: skip
     g("--max-running-requests", type=int, metavar="R", help="requests decoded at once")
@@ -103,16 +104,11 @@ def build_app(args: argparse.Namespace):
             scheduler = KVScheduler(args.max_running_requests, args.max_total_tokens, step_model=step,
                                     context_length=args.context_length,
                                     clip_max_new_tokens=args.clip_max_new_tokens_estimation)  # fmt: skip
-        backend = ScriptedBackend(
-            tokenizer_dir, model_dir=args.model_dir, token_delay_s=args.token_delay_ms / 1000.0, eos_rate=args.eos_rate,
-            answer_tokens=tuple(int(x) for x in args.answer_tokens) if args.answer_tokens else None,
-            answer_spread=args.answer_spread, scheduler=scheduler, **common,
-        )  # fmt: skip
+        backend = ScriptedBackend(tokenizer_dir, model_dir=args.model_dir, eos_rate=args.eos_rate, scheduler=scheduler,
+                                  answer_tokens=args.answer_tokens, answer_spread=args.answer_spread, **common)  # fmt: skip
     faults = Faults(latency_ms=args.latency_ms, error_rate=args.error_rate, reset_rate=args.reset_rate,
-                    hang_rate=args.hang_rate, fail_rids=args.fail_rids, seed=args.seed, cut_rate=args.cut_rate,
-                    cut_after=tuple(int(x) for x in args.cut_after))  # fmt: skip
-    loops = LoopInjection(share=args.loop_share, onset=tuple(int(x) for x in args.loop_onset),
-                          period=tuple(int(x) for x in args.loop_period), seed=args.loop_seed)  # fmt: skip
+                    hang_rate=args.hang_rate, seed=args.seed, cut_rate=args.cut_rate, cut_after=args.cut_after)  # fmt: skip
+    loops = LoopInjection(share=args.loop_share, onset=args.loop_onset, period=args.loop_period, seed=args.loop_seed)
     record = args.record or (args.record_dir / f"{os.getpid()}.jsonl" if args.record_dir else None)
     app = create_app(backend, context_length=args.context_length, model_path=str(args.model_dir),
                      tokenizer_path=str(tokenizer_dir), record_path=record, faults=faults, loops=loops,

@@ -1,7 +1,7 @@
-"""The web app (`create_app`) and its `/generate` route: a body checked, its requests run on the
-backend and answered when all have ended or, streamed, chunk by chunk as SGLang streams them.
-Injected faults come first; a client that goes away aborts its requests (recorded with status 499
-once the backend has stopped them). Imports `protocol`, `jobs` and `server`.
+"""The web app (`create_app`) and its `/generate` route: a body checked, its request run on the
+backend and answered when it has ended or, streamed, chunk by chunk as SGLang streams it.
+Injected faults come first; a client that goes away aborts its request (recorded with status 499
+once the backend has stopped it). Imports `protocol`, `jobs` and `server`.
 """
 
 import asyncio
@@ -14,7 +14,7 @@ from aiohttp import web
 
 from eagle3_datagen.engine import protocol, server
 from eagle3_datagen.engine.jobs import DONE, Backend, Job
-from eagle3_datagen.engine.protocol import ParsedGenerate, RequestError, build_response
+from eagle3_datagen.engine.protocol import GenerateItem, RequestError, build_response
 from eagle3_datagen.engine.server import ENGINE_KEY, EngineServer, json_response, read_json
 
 log = logging.getLogger(__name__)
@@ -43,11 +43,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
         srv.record_body(body, 503, t_start, error="The server is not ready yet.")
         return json_response({"detail": "The server is not ready yet."}, 503)
     try:
-        parsed = protocol.parse_generate_body(body)
-        for item in parsed.items:
-            if item.rid in srv.inflight:
-                raise RequestError(f"Duplicate request ID detected: {item.rid}")
-            protocol.validate_item(item, context_len=srv.context_length, vocab_size=srv.backend.vocab_size)
+        item = protocol.parse_generate_body(body)
+        if item.rid in srv.inflight:
+            raise RequestError(f"Duplicate request ID detected: {item.rid}")
+        protocol.validate_item(item, context_len=srv.context_length, vocab_size=srv.backend.vocab_size)
     except RequestError as e:
         log.info("%d for rid=%s: %s", e.status, body.get("rid") if isinstance(body, dict) else None, e.message)
         srv.record_body(body, e.status, t_start, error=e.message)
@@ -55,26 +54,23 @@ async def generate(request: web.Request) -> web.StreamResponse:
             error = {"message": e.message, "type": "invalid_request_error", "code": e.status, "retryable": False}
             return web.Response(body=sse({"error": error}) + SSE_DONE, headers=SSE_HEADERS)
         return json_response(e.body, e.status)
-    wake = asyncio.Event() if parsed.stream else None
-    jobs, futures = _make_jobs(srv, parsed, wake)
+    wake = asyncio.Event() if item.stream else None
+    job, fut = _make_job(srv, item, wake)
     try:
-        refused = await _inject_fault(srv, request, body, jobs, t_start)
+        refused = await _inject_fault(srv, request, body, job, t_start)
         if refused is not None:
             return refused
-        for job in jobs:
-            srv.backend.submit(job)
+        srv.backend.submit(job)
         if wake is not None:
-            return await _stream(srv, request, parsed, jobs, futures, wake, t_start)
-        return await _answer(srv, request, parsed, jobs, futures, t_start)
+            return await _stream(srv, request, job, fut, wake, t_start)
+        return await _answer(srv, request, job, fut, t_start)
     except asyncio.CancelledError:  # the client went away: abort, record once the backend has stopped
-        for job in jobs:
-            job.request_abort()
-        srv.in_background(_record_when_done(srv, jobs, futures, t_start))
+        job.request_abort()
+        srv.in_background(_record_when_done(srv, job, fut, t_start))
         raise
     finally:
-        for job in jobs:
-            if srv.inflight.get(job.rid) is job:
-                del srv.inflight[job.rid]
+        if srv.inflight.get(job.rid) is job:
+            del srv.inflight[job.rid]
 
 
 def _resolve(fut: asyncio.Future, job: Job, wake: asyncio.Event | None) -> None:
@@ -84,34 +80,28 @@ def _resolve(fut: asyncio.Future, job: Job, wake: asyncio.Event | None) -> None:
         wake.set()
 
 
-def _make_jobs(srv: EngineServer, parsed: ParsedGenerate, wake: asyncio.Event | None):
-    """One job per single request, in flight from now on, each with a future its end resolves (and,
-    streamed, watched: `wake` is set whenever a chunk is due or a job ends)."""
+def _make_job(srv: EngineServer, item: GenerateItem, wake: asyncio.Event | None) -> tuple[Job, asyncio.Future]:
+    """The request's job, in flight from now on, and a future its end resolves (streamed, watched:
+    `wake` is set whenever a chunk is due or the job ends)."""
     loop = asyncio.get_running_loop()
-    jobs, futures = [], []
-    for item in parsed.items:
-        fut = loop.create_future()
-        on_done = lambda job, fut=fut: loop.call_soon_threadsafe(_resolve, fut, job, wake)  # noqa: E731
-        job = Job(item, max_new_tokens=srv.max_new_tokens(item), on_done=on_done)
-        job.loop = srv.loops.plan(item.rid, item.input_ids)
-        if wake is not None:
-            interval = item.sampling_params.get("stream_interval") or srv.stream_interval
-            job.watch(lambda: loop.call_soon_threadsafe(wake.set), interval)
-        jobs.append(job)
-        futures.append(fut)
-        srv.inflight[item.rid] = job
-    return jobs, futures
+    fut = loop.create_future()
+    on_done = lambda job: loop.call_soon_threadsafe(_resolve, fut, job, wake)  # noqa: E731
+    job = Job(item, max_new_tokens=srv.max_new_tokens(item), on_done=on_done)
+    job.loop = srv.loops.plan(item.rid, item.input_ids)
+    if wake is not None:
+        interval = item.sampling_params.get("stream_interval") or srv.stream_interval
+        job.watch(lambda: loop.call_soon_threadsafe(wake.set), interval)
+    srv.inflight[item.rid] = job
+    return job, fut
 
 
-async def _inject_fault(srv: EngineServer, request, body, jobs: list[Job], t_start: float):
-    """The answer of an injected fault (the body's jobs aborted and the body recorded), or None once
-    its latency has passed and the body may run."""
-    kind, status, delay = srv.faults.draw([j.rid for j in jobs])
+async def _inject_fault(srv: EngineServer, request, body, job: Job, t_start: float):
+    """The answer of an injected fault (the job aborted, the body recorded), or None once any latency passed."""
+    kind, status, delay = srv.faults.draw([job.rid])
     if kind is not None:
-        for job in jobs:
-            job.request_abort()
+        job.request_abort()
     if kind in ("fail_rid", "error"):
-        detail = f"Injected failure for rid {jobs[0].rid}" if kind == "fail_rid" else f"Injected HTTP {status}"
+        detail = f"Injected failure for rid {job.rid}" if kind == "fail_rid" else f"Injected HTTP {status}"
         srv.record_body(body, status, t_start, error=detail, fault=kind)
         return json_response({"detail": detail}, status)
     if kind == "reset":
@@ -129,16 +119,13 @@ async def _inject_fault(srv: EngineServer, request, body, jobs: list[Job], t_sta
     return None
 
 
-async def _record_when_done(srv: EngineServer, jobs, futures, t_start: float, done=()) -> None:
-    """Jobs aborted because the client went away, recorded (499) once the backend has stopped them."""
-    await asyncio.wait(futures, timeout=5.0)
-    for job in jobs:
-        if job not in done:
-            srv.record_job(job, 499, t_start)
+async def _record_when_done(srv: EngineServer, job: Job, fut: asyncio.Future, t_start: float) -> None:
+    """A job aborted because the client went away, recorded (499) once the backend has stopped it."""
+    await asyncio.wait([fut], timeout=5.0)
+    srv.record_job(job, 499, t_start)
 
 
 def _response(srv: EngineServer, job: Job, t_start: float) -> dict[str, Any]:
-    """One ended job's answer."""
     text = protocol.decode_output_text(srv.backend.tokenizer, job.output_ids, job.finish_reason, job.params)
     queue_time = job.stats.get("queue_time", 0.0) if srv.enable_metrics and job.started_running else None
     return build_response(rid=job.rid, text=text, output_ids=job.output_ids, finish_reason=job.finish_reason,
@@ -147,47 +134,37 @@ def _response(srv: EngineServer, job: Job, t_start: float) -> dict[str, Any]:
                           queue_time=queue_time)  # fmt: skip
 
 
-async def _answer(srv: EngineServer, request, parsed: ParsedGenerate, jobs, futures, t_start: float):
-    """Wait for every job, then answer; a request the server itself ended (an abort with a status)
-    fails the whole body with that status."""
-    pending = set(futures)
-    while pending:
-        _, pending = await asyncio.wait(pending, timeout=POLL_S)
-        if pending and disconnected(request):
-            log.info("client went away; aborting %s", [j.rid for j in jobs])
-            for job in jobs:
-                job.request_abort()
-            await _record_when_done(srv, jobs, futures, t_start)
+async def _answer(srv: EngineServer, request, job: Job, fut: asyncio.Future, t_start: float):
+    """Wait for the job, then answer; a request the server ended itself (an abort with a status) fails so."""
+    while not fut.done():
+        await asyncio.wait([fut], timeout=POLL_S)
+        if not fut.done() and disconnected(request):
+            log.info("client went away; aborting %s", job.rid)
+            job.request_abort()
+            await _record_when_done(srv, job, fut, t_start)
             return web.Response(status=499)
-    outs = [_response(srv, job, t_start) for job in jobs]
-    failed = next((j for j in jobs if 400 <= ((j.finish_reason or {}).get("status_code") or 0) < 600), None)
-    status = failed.finish_reason["status_code"] if failed else 200
-    for job in jobs:
-        srv.record_job(job, status, t_start)
-    if failed is not None:
-        return json_response({"error": {"message": failed.finish_reason.get("message")}}, status)
-    return json_response(outs[0] if parsed.is_single else outs)
+    out = _response(srv, job, t_start)
+    status = job.finish_reason.get("status_code") or 0
+    status = status if 400 <= status < 600 else 200
+    srv.record_job(job, status, t_start)
+    if status != 200:
+        return json_response({"error": {"message": job.finish_reason.get("message")}}, status)
+    return json_response(out)
 
 
 class StreamText:
-    """A streamed request's text: deltas decoded incrementally (held back while the text ends in an
-    incomplete character), the last one the rest of the whole answer's text."""
+    """A streamed request's text: deltas decoded incrementally, held back while it ends in an incomplete character."""
 
     def __init__(self, tokenizer: Any, params):
         self.tokenizer, self.params = tokenizer, params
         self.text = ""  # every delta so far
         self._surr = self._read = 0
 
-    def _decode(self, ids: Sequence[int]) -> str:
-        p = self.params
-        return self.tokenizer.decode(list(ids), skip_special_tokens=p.skip_special_tokens,
-                                     spaces_between_special_tokens=p.spaces_between_special_tokens)  # fmt: skip
-
     def advance(self, output_ids: Sequence[int], n: int) -> str:
         if n <= self._read:
             return ""
-        surr_text = self._decode(output_ids[self._surr : self._read])
-        new_text = self._decode(output_ids[self._surr : n])
+        decode = lambda ids: protocol.decode_output_text(self.tokenizer, ids, None, self.params)  # noqa: E731
+        surr_text, new_text = decode(output_ids[self._surr : self._read]), decode(output_ids[self._surr : n])
         if len(new_text) <= len(surr_text) or new_text.endswith("\ufffd"):
             return ""
         delta = new_text[len(surr_text) :]
@@ -198,10 +175,13 @@ class StreamText:
 
 def _chunk(srv: EngineServer, job: Job, text: StreamText, offset: int, t_start: float, ended: bool):
     """The job's next chunk (None when nothing is new) and the output length it brings the stream to;
-    `ended`: the job had ended when its state was read (before its ids are)."""
+    `ended`: the job had ended when its state was read (before its ids are). Only the first chunk
+    (`offset` 0) carries response_sent_to_client_ts."""
     incremental, ids = srv.incremental_streaming_output, job.output_ids
     if ended:
         out = _response(srv, job, t_start)
+        if offset:
+            del out["meta_info"]["response_sent_to_client_ts"]
         delta = out["text"][len(text.text) :]
         if incremental:
             out["meta_info"]["completion_tokens"] = len(ids)
@@ -216,21 +196,21 @@ def _chunk(srv: EngineServer, job: Job, text: StreamText, offset: int, t_start: 
     delta = text.advance(ids, n)
     meta = protocol.partial_meta(job.rid, prompt_tokens=len(job.input_ids), completion_tokens=n,
                         num_retractions=job.stats.get("num_retractions", 0))  # fmt: skip
+    meta.update({} if offset else {"response_sent_to_client_ts": time.time()})
     chunk = {"text": delta if incremental else text.text, "output_ids": ids[offset:n] if incremental else ids[:n]}
     return {**chunk, "meta_info": meta}, n
 
 
-async def _stream(srv: EngineServer, request, parsed: ParsedGenerate, jobs, futures, wake, t_start: float):
-    """Write the jobs' chunks (with `index` in a batch) as they come, until all have ended, then `[DONE]`."""
+async def _stream(srv: EngineServer, request, job: Job, fut: asyncio.Future, wake, t_start: float):
+    """Write the job's chunks as they come, until it has ended, then `[DONE]`."""
     resp = web.StreamResponse(headers=SSE_HEADERS)
     await resp.prepare(request)
-    texts = [StreamText(srv.backend.tokenizer, job.params) for job in jobs]
-    offsets, done, first = [0] * len(jobs), [False] * len(jobs), [True] * len(jobs)
+    text, offset, done = StreamText(srv.backend.tokenizer, job.params), 0, False
     cut = srv.faults.cut()
     try:
-        while not all(done):
-            if cut is not None and sum(offsets) >= cut and not all(done):
-                log.info("dropping the stream of %s after %d ids (injected cut)", [j.rid for j in jobs], sum(offsets))
+        while not done:
+            if cut is not None and offset >= cut:
+                log.info("dropping the stream of %s after %d ids (injected cut)", job.rid, offset)
                 request.transport.abort()
                 raise ConnectionResetError("injected cut")
             try:
@@ -240,30 +220,20 @@ async def _stream(srv: EngineServer, request, parsed: ParsedGenerate, jobs, futu
                     raise ConnectionResetError("client went away") from None
                 continue
             wake.clear()
-            for i, job in enumerate(jobs):
-                if done[i]:
-                    continue
-                done[i] = job.state == DONE
-                chunk, offsets[i] = _chunk(srv, job, texts[i], offsets[i], t_start, done[i])
-                if chunk is None:
-                    continue
-                if not first[i]:  # only the first chunk carries response_sent_to_client_ts
-                    chunk["meta_info"].pop("response_sent_to_client_ts", None)
-                elif "response_sent_to_client_ts" not in chunk["meta_info"]:
-                    chunk["meta_info"]["response_sent_to_client_ts"] = time.time()
-                first[i] = False
-                if not parsed.is_single:
-                    chunk["index"] = i
-                await resp.write(sse(chunk))
-                if done[i]:
-                    srv.record_job(job, 200, t_start)
+            done = job.state == DONE
+            chunk, offset = _chunk(srv, job, text, offset, t_start, done)
+            if chunk is None:
+                continue
+            await resp.write(sse(chunk))
+            if done:
+                srv.record_job(job, 200, t_start)
         await resp.write(SSE_DONE)
         await resp.write_eof()
     except ConnectionError as e:
-        log.info("stream client went away (%s); aborting %s", type(e).__name__, [j.rid for j in jobs])
-        for job in jobs:
-            job.request_abort()
-        await _record_when_done(srv, jobs, futures, t_start, [j for j, d in zip(jobs, done) if d])
+        log.info("stream client went away (%s); aborting %s", type(e).__name__, job.rid)
+        job.request_abort()
+        if not done:
+            await _record_when_done(srv, job, fut, t_start)
     return resp
 
 

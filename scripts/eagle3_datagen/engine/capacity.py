@@ -1,6 +1,5 @@
-"""A simulated GPU in virtual time, as a pure object (no threads, no clock): `KVScheduler`.
-
-At most `max_running_requests` run, their KV (prompt plus output so far) within `max_total_tokens`.
+"""A simulated GPU in virtual time, as a pure object (no threads, no clock): `KVScheduler`. At most
+`max_running_requests` run, their KV (prompt plus output so far) within `max_total_tokens`.
 Admission is FIFO while a slot is free and the KV in use, every running request's reserve and the
 newcomer's prompt and reserve fit; a reserve is the remaining budget clipped to `clip_max_new_tokens`,
 as SGLang's admission estimate is, so longer answers outgrow it (a request alone always starts). A
@@ -35,8 +34,7 @@ class StepModel:
 
 @dataclasses.dataclass(eq=False)
 class RequestStats:
-    """A request as the scheduler tracks it; what it reports when the request leaves. Times are
-    virtual seconds; `output_len` counts the tokens generated so far."""
+    """A request as the scheduler tracks it (times in virtual seconds), and what it reports on leaving."""
 
     key: Hashable
     prompt_len: int
@@ -55,9 +53,7 @@ class RequestStats:
 
 
 class KVScheduler:
-    """The simulated GPU (see the module docstring): `add` queues a request whose answer length is
-    known in advance, `step` runs one forward pass, `abort` takes a request out, `load` is its
-    `/v1/loads` entry."""
+    """The simulated GPU of the module docstring; `add` queues a request whose answer length is known."""
 
     def __init__(self, max_running_requests: int, max_total_tokens: int, *, step_model: StepModel | None = None,
                  context_length: int | None = None, clip_max_new_tokens: int = 4096):  # fmt: skip
@@ -107,9 +103,6 @@ class KVScheduler:
     def progress(self, key: Hashable) -> int:
         req = self._reqs.get(key)
         return req.output_len if req is not None else 0
-
-    def advance(self, seconds: float) -> None:
-        self.clock += seconds
 
     def _reserve(self, req: RequestStats) -> int:
         return min(req.max_new_tokens - req.output_len, self.clip)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eagle3_datagen.engine.protocol import GenerateItem, finish_abort_waiting, stop_token_ids
+from eagle3_datagen.engine.protocol import GenerateItem, finish_abort_waiting
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,9 @@ def read_eos_token_ids(model_dir: Path | None, tokenizer_eos_id: int | None, add
 
 
 class Job:
-    """One single request in a backend: `state` moves waiting -> running -> done under a lock. An abort
-    of a waiting job resolves it at once, of a running one at the worker's next step (with the output so
-    far). A streamed job (`watch`) tells the server when a chunk is due: the first token at once, then
-    every `stream_interval` tokens. `loop`: the `loops.LoopPlan` it was made to fall into, or None."""
+    """A request in a backend: `state` moves waiting -> running -> done under a lock. An abort of a
+    waiting job resolves it at once, of a running one at the worker's next step (with the output so far).
+    `loop`: the `loops.LoopPlan` it was made to fall into, or None."""
 
     def __init__(self, item: GenerateItem, *, max_new_tokens: int, on_done: Callable[["Job"], None]):
         self.item, self.rid, self.params, self.max_new_tokens = item, item.rid, item.params, max_new_tokens
@@ -70,7 +69,8 @@ class Job:
             return True
 
     def watch(self, notify: Callable[[], None], stream_interval: int) -> None:
-        """Stream this job: `notify` (thread-safe) whenever a chunk is due."""
+        """Stream this job: `notify` (thread-safe) when a chunk is due: the first token at once, then
+        every `stream_interval` tokens."""
         self.stream_interval = max(1, stream_interval)
         self._notify = notify
 
@@ -135,7 +135,6 @@ class Backend:
         self.vocab_size = len(tok)
 
     def start(self) -> None:
-        """Load (blocking) and start the worker thread."""
         self.load()
         self._thread = threading.Thread(target=self._run, name=f"{self.name}-worker", daemon=True)
         self._thread.start()
@@ -175,6 +174,3 @@ class Backend:
         except Exception:
             log.exception("%s worker failed", self.name)
             raise
-
-    def stop_ids_for(self, params) -> frozenset:
-        return stop_token_ids(self.eos_token_ids, params)

@@ -1,6 +1,5 @@
 """Repetition loops made on purpose, for tests and benchmarks of loop detection: which requests loop,
 where and with which period (`LoopInjection.plan` -> `LoopPlan`), and the output such a request gives.
-
 A request is drawn from a hash of its row (the rid without the client's run nonce and attempt, so
 that every retry and every run draws the same), or of its prompt when the rid has no such parts.
 Imports nothing of the engine.
@@ -10,7 +9,6 @@ import dataclasses
 import hashlib
 import random
 from collections.abc import Callable, Sequence
-from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,9 +18,6 @@ class LoopPlan:
 
     onset: int
     period: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"onset": self.onset, "period": self.period}
 
     def ngram(self, prefix: Sequence[int], stop_ids: frozenset, filler: Callable[[], int]) -> list[int]:
         """The repeated n-gram: the last `period` tokens of `prefix` (filler where too short or a stop id)."""
@@ -64,13 +59,9 @@ class LoopInjection:
             if not 0 <= lo <= hi or (name == "period" and lo < 1):
                 raise ValueError(f"bad loop {name} range {lo},{hi}")
 
-    @property
-    def active(self) -> bool:
-        return self.share > 0.0
-
     def plan(self, rid: str, input_ids: Sequence[int]) -> LoopPlan | None:
         """The loop of the request (`rid`, `input_ids`), or None when it does not loop."""
-        if not self.active:
+        if self.share <= 0.0:
             return None
         h = hashlib.sha256(f"{self.seed}\0".encode())
         row = row_key(rid)

@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from eagle3_datagen.engine.jobs import Backend, Job
-from eagle3_datagen.engine.protocol import check_finish, finish_abort, finish_length, min_new_tokens_banned
+from eagle3_datagen.engine.protocol import check_finish, finish_abort, finish_length, stop_sets
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +33,10 @@ class _Row:
 
 
 class ModelBackend(Backend):
-    """A transformers causal LM on CPU: each new request is prefilled alone, then its KV cache joins the
-    running batch (left-padded, with an attention mask and explicit positions, so padding never changes
-    a row's result); one forward pass per step decodes every row, and a row leaves once finished.
-    Sampling is per row: greedy when top_k == 1, else temperature/top-k/top-p/min-p with a per-request
-    `torch.Generator` seeded from `sampling_seed` (a random seed without one or without deterministic
-    mode); the penalties apply to the tokens generated so far."""
+    """Each new request is prefilled alone, then its KV cache joins the running batch (left-padded,
+    with an attention mask and explicit positions, so padding never changes a row's result); a step
+    decodes every row, and a finished row leaves. Sampling is per row, with a `torch.Generator` seeded
+    from `sampling_seed` (random without one or without deterministic mode)."""
 
     name = "model"
 
@@ -62,21 +60,12 @@ class ModelBackend(Backend):
         return [(layer.keys, layer.values) for layer in cache.layers]
 
     @staticmethod
-    def _cache(kv: list[tuple]):
-        from transformers import DynamicCache
-
-        return DynamicCache(ddp_cache_data=kv)
-
-    @staticmethod
     def _left_pad(t, length: int, dim: int):
         import torch
 
-        missing = length - t.shape[dim]
-        if missing <= 0:
-            return t
         shape = list(t.shape)
-        shape[dim] = missing
-        return torch.cat([t.new_zeros(shape), t], dim=dim)
+        shape[dim] = length - t.shape[dim]
+        return torch.cat([t.new_zeros(shape), t], dim=dim) if shape[dim] > 0 else t
 
     def _join(self, batch_kv, batch_mask, new_kv, new_mask):
         import torch
@@ -84,16 +73,10 @@ class ModelBackend(Backend):
         if batch_kv is None:
             return new_kv, new_mask
         length = max(batch_mask.shape[1], new_mask.shape[1])
-        kv = []
-        for (bk, bv), (nk, nv) in zip(batch_kv, new_kv):
-            kv.append(
-                (
-                    torch.cat([self._left_pad(bk, length, 2), self._left_pad(nk, length, 2)], 0),
-                    torch.cat([self._left_pad(bv, length, 2), self._left_pad(nv, length, 2)], 0),
-                )
-            )
-        mask = torch.cat([self._left_pad(batch_mask, length, 1), self._left_pad(new_mask, length, 1)], 0)
-        return kv, mask
+        pad = lambda t, dim=2: self._left_pad(t, length, dim)  # noqa: E731
+        kv = [(torch.cat([pad(bk), pad(nk)], 0), torch.cat([pad(bv), pad(nv)], 0))
+              for (bk, bv), (nk, nv) in zip(batch_kv, new_kv)]  # fmt: skip
+        return kv, torch.cat([pad(batch_mask, 1), pad(new_mask, 1)], 0)
 
     @staticmethod
     def _select(kv, mask, keep: list[int]):
@@ -104,9 +87,8 @@ class ModelBackend(Backend):
         # Drop leading columns that are padding in every remaining row.
         real = mask.any(dim=0).nonzero()
         first = int(real[0]) if real.numel() else 0
-        mask = mask[:, first:]
         kv = [(k.index_select(0, idx)[:, :, first:], v.index_select(0, idx)[:, :, first:]) for k, v in kv]
-        return kv, mask
+        return kv, mask[:, first:]
 
     def _next_token(self, row: _Row) -> int:
         import torch
@@ -150,23 +132,19 @@ class ModelBackend(Backend):
         from transformers import DynamicCache
 
         ids = torch.tensor([job.input_ids], dtype=torch.long)
-        cache = DynamicCache()
-        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
-        gen = torch.Generator()
+        out = self.model(input_ids=ids, cache=DynamicCache(), use_cache=True, logits_to_keep=1)
         seed = job.params.sampling_seed if self.deterministic else None  # ignored, as SGLang does
-        gen.manual_seed(seed % (1 << 63) if seed is not None else random.getrandbits(63))
-        banned = min_new_tokens_banned(self.eos_token_ids, job.params)
-        row = _Row(job, out.logits[0, -1], len(job.input_ids), gen, self.stop_ids_for(job.params), banned)
+        gen = torch.Generator().manual_seed(seed % (1 << 63) if seed is not None else random.getrandbits(63))
+        row = _Row(job, out.logits[0, -1], len(job.input_ids), gen, *stop_sets(self.eos_token_ids, job.params))
         mask = torch.ones((1, len(job.input_ids)), dtype=torch.long)
         return row, self._kv(out.cache), mask
 
     def _work(self) -> None:
         import torch
+        from transformers import DynamicCache
 
-        torch.set_num_threads(1)
         rows: list[_Row] = []
-        kv = None
-        mask = None
+        kv = mask = None
         with torch.inference_mode():
             while not self._closing.is_set():
                 # Admit what is queued, up to the batch limit.
@@ -214,15 +192,8 @@ class ModelBackend(Backend):
                 ids = torch.tensor([[r.job.output_ids[-1]] for r in rows], dtype=torch.long)
                 pos = torch.tensor([[r.seq_len] for r in rows], dtype=torch.long)
                 mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype)], dim=1)
-                cache = self._cache(kv)
-                out = self.model(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=pos,
-                    cache=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
+                out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=DynamicCache(ddp_cache_data=kv),
+                                 use_cache=True, logits_to_keep=1)  # fmt: skip
                 kv = self._kv(out.cache)
                 for i, r in enumerate(rows):
                     r.logits = out.logits[i, -1]

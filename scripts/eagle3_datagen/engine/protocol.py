@@ -1,5 +1,5 @@
-"""SGLang's native `/generate` wire format as the client uses it, as pure functions: a body split into
-single requests and checked (`parse_generate_body`, `validate_item`), sampling parameters, stopping
+"""SGLang's native `/generate` wire format as the client uses it, as pure functions: a body read and
+checked (`parse_generate_body`, `validate_item`), sampling parameters, stopping
 rules (`check_finish`), the answer (`build_response`). A refusal is a `RequestError` (HTTP 400 in
 SGLang's `{"error": {"message"}}` shape): its status is SGLang's, its message the engine's own.
 Imports nothing of the engine.
@@ -120,14 +120,11 @@ def finish_abort_waiting() -> dict[str, Any]:
     return {"type": "abort", "message": "Abort in waiting queue"}
 
 
-def stop_token_ids(eos_token_ids, params: SamplingParams) -> frozenset:
-    """The ids that end generation: the model's EOS set plus the request's own; none under ignore_eos."""
-    return frozenset() if params.ignore_eos else frozenset(eos_token_ids) | params.stop_token_ids
-
-
-def min_new_tokens_banned(eos_token_ids, params: SamplingParams) -> frozenset:
-    """Ids masked until `min_new_tokens` tokens exist."""
-    return frozenset(eos_token_ids) | params.stop_token_ids
+def stop_sets(eos_token_ids, params: SamplingParams) -> tuple[frozenset, frozenset]:
+    """(the ids that end generation: the model's EOS set plus the request's own, none under ignore_eos;
+    the ids masked until `min_new_tokens` tokens exist: that set whatever ignore_eos says)."""
+    banned = frozenset(eos_token_ids) | params.stop_token_ids
+    return frozenset() if params.ignore_eos else banned, banned
 
 
 def check_finish(output_ids: Sequence[int], *, stop_ids: frozenset, max_new_tokens: int) -> dict[str, Any] | None:
@@ -150,57 +147,32 @@ def decode_output_text(tokenizer: Any, output_ids: Sequence[int], finish_reason,
 # -- a /generate body (io_struct.GenerateReqInput, tokenizer_manager._validate_one_request)
 @dataclasses.dataclass
 class GenerateItem:
-    """One single request of a `/generate` body, in input order (`sampling_params` as received)."""
+    """A `/generate` body's single request (`sampling_params` as received)."""
 
     rid: str
     input_ids: list[int]
     sampling_params: dict[str, Any]
     params: SamplingParams
+    stream: bool = False
 
 
-@dataclasses.dataclass
-class ParsedGenerate:
-    items: list[GenerateItem]
-    is_single: bool
-    stream: bool
-
-
-def _ids(v: Any) -> bool:
-    return isinstance(v, list) and all(type(t) is int for t in v)
-
-
-def _strs(v: Any) -> bool:
-    return v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))
-
-
-def parse_generate_body(body: Any, *, new_rid: Callable[[], str] = lambda: uuid.uuid4().hex) -> ParsedGenerate:
-    """Split a `/generate` JSON body into single requests; RequestError where SGLang refuses it (and
-    for a text prompt, which the client never sends)."""
+def parse_generate_body(body: Any, *, new_rid: Callable[[], str] = lambda: uuid.uuid4().hex) -> GenerateItem:
+    """A `/generate` JSON body's request; RequestError where SGLang refuses it, and for what the client
+    never sends: a batch (a list of prompts) or a text prompt."""
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object")
     ids, sp, rid = body.get("input_ids"), body.get("sampling_params"), body.get("rid")
     if not (
-        (ids is None or _ids(ids) or (isinstance(ids, list) and all(map(_ids, ids))))
-        and (sp is None or isinstance(sp, dict) or (isinstance(sp, list) and all(isinstance(s, dict) for s in sp)))
-        and isinstance(body.get("stream", False), bool) and body.get("text") is None and _strs(rid)
+        (ids is None or isinstance(ids, list) and all(type(t) is int for t in ids))
+        and (sp is None or isinstance(sp, dict)) and (rid is None or isinstance(rid, str))
+        and isinstance(body.get("stream", False), bool) and body.get("text") is None
     ):  # fmt: skip
-        raise RequestError("a field of the body has a bad type (text prompts are not served)")
-    is_single = bool(ids) and type(ids[0]) is int
-    prompts = [ids] if is_single else list(ids or [])
-    n = len(prompts)
-    if is_single and isinstance(rid, list):
-        raise RequestError("The rid should be a string for a single request.")
-    rids = [new_rid() for _ in range(n)] if rid is None else [rid] if is_single else rid
-    rids = [f"{rid}_{i}" for i in range(n)] if isinstance(rid, str) and not is_single else rids
-    sps = [dict(s) for s in sp] if isinstance(sp, list) else [dict(sp or {}) for _ in range(n)]
-    if not n or len(rids) != n or len(set(rids)) != n or len(sps) != n:
-        raise RequestError("a body needs a prompt, and one distinct rid and sampling_params per prompt")
-    items = []
-    for i, (prompt, sp_i) in enumerate(zip(prompts, sps)):
-        if not prompt:
-            raise RequestError("input_ids cannot be empty.")
-        items.append(GenerateItem(rids[i], list(prompt), sp_i, SamplingParams.from_request(sp_i)))
-    return ParsedGenerate(items, is_single, bool(body.get("stream")))
+        raise RequestError("a field of the body has a bad type (batches and text prompts are not served)")
+    if not ids:
+        raise RequestError("input_ids cannot be empty.")
+    sp = dict(sp or {})
+    rid = new_rid() if rid is None else rid
+    return GenerateItem(rid, list(ids), sp, SamplingParams.from_request(sp), bool(body.get("stream")))
 
 
 def validate_item(item: GenerateItem, *, context_len: int, vocab_size: int | None) -> None:

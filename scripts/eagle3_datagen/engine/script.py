@@ -1,7 +1,5 @@
 """The scripted backend's answers: deterministic outputs shaped like a reasoning model's, planned
-from a tokenizer alone (`AnswerScript`).
-
-Imports `jobs` only (for the type of a job).
+from a tokenizer alone (`AnswerScript`). Imports `jobs` only (for the type of a job).
 """
 
 import hashlib
@@ -59,14 +57,9 @@ class AnswerScript:
         h.update(json.dumps([job.input_ids, seed]).encode())
         return random.Random(int.from_bytes(h.digest()[:8], "big"))
 
-    def filler(self, rng: random.Random) -> int:
-        """A word token that is no special id: what a ramble runs on with."""
-        return rng.choice(self.filler_ids)
-
     def long_words(self, rng: random.Random, n: int) -> list[int]:
-        """`n` tokens of reasoning words: copies of the word cycle, each turned at a random point
-        (sliced in C). One cycle repeated as it is would be a loop of its length, which the quality
-        gate rightly stops: a loop-free answer must not repeat with any period for long."""
+        """`n` tokens of reasoning words: copies of the word cycle, each turned at a random point, as
+        a loop-free answer must not repeat with any period for long (the quality gate stops loops)."""
         cycle, out = self.word_cycle, []
         while len(out) < n:
             start = rng.randrange(len(cycle))
@@ -87,13 +80,9 @@ class AnswerScript:
         args = json.dumps({"city": rng.choice(["Paris", "Berlin", "Tokyo"])})
         k = self.kimi_tool
         if all(v is not None for v in k.values()) and "tool_declare" in prompt_text:
-            return (
-                [k["<|tool_calls_section_begin|>"], k["<|tool_call_begin|>"]]
-                + self.enc(f"functions.{name}:0")
-                + [k["<|tool_call_argument_begin|>"]]
-                + self.enc(args)
-                + [k["<|tool_call_end|>"], k["<|tool_calls_section_end|>"]]
-            )
+            return [k["<|tool_calls_section_begin|>"], k["<|tool_call_begin|>"], *self.enc(f"functions.{name}:0"),
+                    k["<|tool_call_argument_begin|>"], *self.enc(args), k["<|tool_call_end|>"],
+                    k["<|tool_calls_section_end|>"]]  # fmt: skip
         q = self.qwen_tool
         if all(v is not None for v in q.values()) and "<tools>" in prompt_text:
             body = json.dumps({"name": name, "arguments": json.loads(args)})
@@ -101,9 +90,8 @@ class AnswerScript:
         return None
 
     def _answer_length(self, rng: random.Random) -> int:
-        """Reasoning tokens of a long answer: uniform in [lo, hi], or (`answer_spread` lognormal) a
-        long-tailed spread as real answer lengths have, median sqrt(lo * hi), lo and hi two sigmas
-        out, clipped to [lo, hi]."""
+        """Reasoning tokens of a long answer: uniform in [lo, hi], or (`answer_spread` lognormal) long-
+        tailed as real answer lengths are, median sqrt(lo * hi), lo and hi two sigmas out, clipped."""
         lo, hi = self.answer_tokens
         if self.answer_spread != "lognormal" or lo >= hi:
             return rng.randint(lo, hi)
@@ -129,11 +117,10 @@ class AnswerScript:
         tools = self.kimi_tool["<|tool_calls_section_begin|>"] is not None or self.qwen_tool["<tool_call>"] is not None
         if rng.random() < self.tool_rate and tools:
             tool = self._tool_section(rng, self.tokenizer.decode(job.input_ids[-4096:], skip_special_tokens=False))
-        planned += (
-            self.enc("Let me check.") + tool
-            if tool is not None
-            else self.enc("\n\n") + self._words(rng, rng.randint(2, 20))
-        )
+        if tool is not None:
+            planned += self.enc("Let me check.") + tool
+        else:
+            planned += self.enc("\n\n") + self._words(rng, rng.randint(2, 20))
         stop = self._preferred_stop(job, rng)
         return planned + ([stop] if stop is not None else [])
 

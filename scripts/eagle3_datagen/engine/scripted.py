@@ -10,15 +10,14 @@ from typing import Any
 
 from eagle3_datagen.engine.capacity import KVScheduler
 from eagle3_datagen.engine.jobs import DONE, RUNNING, WAITING, Backend, Job
-from eagle3_datagen.engine.protocol import check_finish, finish_abort, finish_length, min_new_tokens_banned
+from eagle3_datagen.engine.protocol import check_finish, finish_abort, finish_length, stop_sets
 from eagle3_datagen.engine.script import AnswerScript
 
 
 class ScriptedBackend(Backend):
-    """Deterministic outputs shaped like a reasoning model's, from a tokenizer alone (`AnswerScript`),
-    under the model backend's stopping rules. Long answers (`answer_tokens`) are made whole where no
-    min_new_tokens needs the token-wise rules. With a `capacity.KVScheduler` every answer is
-    made at once, then paced by the simulated GPU."""
+    """`AnswerScript`'s outputs under the model backend's stopping rules. Long answers (`answer_tokens`)
+    are made whole where no min_new_tokens needs the token-wise rules, as is every answer paced by a
+    `capacity.KVScheduler`."""
 
     name = "scripted"
 
@@ -53,35 +52,33 @@ class ScriptedBackend(Backend):
 
     def _generate(self, job: Job, *, pace: bool = True) -> None:
         params, script = job.params, self.script
-        stop_ids = self.stop_ids_for(params)
-        banned = min_new_tokens_banned(self.eos_token_ids, params)
+        stop_ids, banned = stop_sets(self.eos_token_ids, params)
         rest = self._rest(job.input_ids)
         planned = script.plan(job) if rest is None else rest
         rng = script.rng(job)
+        filler = lambda: rng.choice(script.filler_ids)  # noqa: E731  a word token that is no special id
         if job.max_new_tokens <= 0:
             job.finish(finish_length(0))
             return
         if job.loop is not None:  # never a stop id: it runs to max_new_tokens
-            planned = job.loop.apply(planned, job.max_new_tokens, stop_ids | banned, lambda: script.filler(rng))
+            planned = job.loop.apply(planned, job.max_new_tokens, stop_ids | banned, filler)
         paced = pace and self.token_delay_s > 0
-        if self.answer_tokens is not None:
-            if len(planned) < job.max_new_tokens:  # a ramble runs on in reasoning words
-                planned = planned + script.long_words(rng, job.max_new_tokens - len(planned))
+        if self.answer_tokens is not None and len(planned) < job.max_new_tokens:  # a ramble runs on in words
+            planned = planned + script.long_words(rng, job.max_new_tokens - len(planned))
         if rest is None:
             self.made.append((list(job.input_ids), planned))
-        if self.answer_tokens is not None:
-            if not params.min_new_tokens and not paced:
-                self._generate_whole(job, planned, stop_ids)
-                return
+        if self.answer_tokens is not None and not params.min_new_tokens and not paced:
+            self._generate_whole(job, planned, stop_ids)
+            return
         pos = 0
         while True:
             if job.abort_requested:
                 job.finish(finish_abort())
                 return
-            token = planned[pos] if pos < len(planned) else script.filler(rng)
+            token = planned[pos] if pos < len(planned) else filler()
             pos += 1
             if len(job.output_ids) < params.min_new_tokens and token in banned:
-                token = script.filler(rng)  # the min-new-tokens mask
+                token = filler()  # the min-new-tokens mask
             job.output_ids.append(token)
             reason = check_finish(job.output_ids, stop_ids=stop_ids, max_new_tokens=job.max_new_tokens)
             if reason is not None:
@@ -109,8 +106,7 @@ class ScriptedBackend(Backend):
 
     def _work(self) -> None:
         if self.scheduler is not None:
-            ScheduledWorker(self).run()
-            return
+            return ScheduledWorker(self).run()
         while not self._closing.is_set():
             for job in self._take(block=True, limit=self.max_batch):
                 if job.try_start():
@@ -119,8 +115,7 @@ class ScriptedBackend(Backend):
 
 class ScheduledWorker:
     """The scripted backend's jobs served through its scheduler, virtual time kept in step with the
-    monotonic clock (each step slept). A job is WAITING until first admitted, RUNNING from then on;
-    an abort of a running job ends it with the tokens generated so far."""
+    monotonic clock (each step slept); a job runs from its first admission on."""
 
     def __init__(self, backend: ScriptedBackend):
         self.backend, self.sched = backend, backend.scheduler
@@ -134,7 +129,7 @@ class ScheduledWorker:
             arrived = backend._take(block=not sched.busy, limit=1 << 30)
             lag = time.monotonic() - self._t0 - sched.clock
             if lag > 0:
-                sched.advance(lag)  # idle time, or time lost to this thread: it passes for the queue too
+                sched.clock += lag  # idle time, or time lost to this thread: it passes for the queue too
             for job in arrived:
                 self._schedule(job)
             self._drop_aborted()

@@ -2,15 +2,15 @@
 routes besides `/generate` (SGLang's names): `/health`, `/server_info`, `/model_info`, `/abort_request`,
 `/flush_cache` (no prefix cache here: it only refuses while requests are in flight), `/v1/loads`.
 
-The record (`record_path`) gets one JSON line per single request of a body that ran, one per body
-refused or failed as a whole: `rid`, `input_ids`, `sampling_params` (as received), `output_ids`,
-`finish_reason`, `status` (499: the client went away first; null: an injected reset or hang),
-`t_start`, `t_end`, `error`, `fault`, and on a request's line `loop` ({"onset", "period"} or null).
-Imports `settings`, `protocol`, `capacity`, `jobs` and `loops`.
+The record (`record_path`) gets one JSON line per body: `rid`, `input_ids`, `sampling_params` (as
+received), `output_ids`, `finish_reason`, `status` (499: the client went away first; null: an injected
+reset or hang), `t_start`, `t_end`, `error`, `fault`, and where the request ran `loop` ({"onset",
+"period"} or null). Imports `settings`, `protocol`, `capacity`, `jobs` and `loops`.
 """
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -59,28 +59,22 @@ class Faults:
         """(fault kind or None, HTTP status for "error", latency in seconds) for one request."""
         if self._fail is not None and any(self._fail.search(rid) for rid in rids):
             return "fail_rid", 500, 0.0
-        u = self._rng.random()
-        kind, status = None, None
-        if u < self.reset_rate:
-            kind = "reset"
-        elif u < self.reset_rate + self.hang_rate:
-            kind = "hang"
-        elif u < self.reset_rate + self.hang_rate + self.error_rate:
-            kind, status = "error", self._rng.choice((500, 503))
+        u, edges = self._rng.random(), itertools.accumulate((self.reset_rate, self.hang_rate, self.error_rate))
+        kind = next((kind for kind, edge in zip(("reset", "hang", "error"), edges) if u < edge), None)
+        status = self._rng.choice((500, 503)) if kind == "error" else None
         delay = self._rng.uniform(*self.latency_ms) / 1000.0 if self.latency_ms else 0.0
         return kind, status, delay
 
     def cut(self) -> int | None:
         """The streamed ids after which a stream's connection is dropped, or None (drawn only with a
-        `cut_rate`, so that the other faults' draws stay as they were)."""
+        `cut_rate`: the other faults' draws stay as they were)."""
         if self.cut_rate and self._rng.random() < self.cut_rate:
             return self._rng.randint(int(self.cut_after[0]), int(self.cut_after[1]))
         return None
 
 
 def read_record(path: Path) -> list[dict]:
-    """The lines `--record` wrote, in the order written (for the tests and benchmarks that check what
-    was served)."""
+    """The lines `--record` wrote, in order (for the tests and benchmarks that check what was served)."""
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
 
@@ -157,7 +151,7 @@ class EngineServer:
         item, loop = job.item, job.loop
         self._write(rid=item.rid, input_ids=item.input_ids, sampling_params=item.sampling_params,
                     output_ids=list(job.output_ids), finish_reason=job.finish_reason, status=status, t_start=t_start,
-                    t_end=time.time(), error=None, fault=None, loop=loop.as_dict() if loop else None)  # fmt: skip
+                    t_end=time.time(), error=None, fault=None, loop=dataclasses.asdict(loop) if loop else None)  # fmt: skip
         if status == 200:
             self.served += 1
             if self.die_after is not None and self.served >= self.die_after:
@@ -170,8 +164,7 @@ class EngineServer:
         return self.scheduler.clip_max_new_tokens(len(item.input_ids), n) if self.scheduler else n
 
     def load(self) -> dict[str, Any]:
-        """This rank's `/v1/loads` entry: the simulated GPU's, else the requests in flight (the pool
-        taken as `max_batch` rows of the full context; a request runs once the backend started it)."""
+        """This rank's `/v1/loads` entry: the simulated GPU's, else the jobs in flight (a pool of `max_batch` contexts)."""
         if self.scheduler is not None:
             return dict(self.backend.load_snapshot, timestamp=time.time())
         jobs = list(self.inflight.values())

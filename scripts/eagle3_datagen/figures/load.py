@@ -3,8 +3,6 @@ hits and time queued per category, each a sentence when there is nothing to show
 requests in flight over each generate job's run, against the concurrency limit and what the server
 reported running and waiting."""
 
-from pathlib import Path
-
 from eagle3_datagen.figures.base import (
     category_axis,
     empty_panel,
@@ -12,7 +10,6 @@ from eagle3_datagen.figures.base import (
     legend_beside,
     percent_ticks,
     pyplot,
-    save,
 )
 
 NO_ANSWERS = "No answered rows: nothing to measure."
@@ -38,16 +35,12 @@ def _number(value) -> float | None:
 
 def _bars(ax, names: list[str], values: list, title: str, ylabel: str, empty: str) -> None:
     """One bar per category, or `empty` in its place when every value is zero or missing."""
-    if not names:
-        empty_panel(ax, title, NO_ANSWERS, width=34)
-        return
-    if not any(values):
-        empty_panel(ax, title, empty, width=34)
+    if not names or not any(values):
+        empty_panel(ax, title, empty if names else NO_ANSWERS, width=34)
         return
     ax.bar(range(len(names)), values, 0.6)
     category_axis(ax, names)
-    ax.set_title(title)
-    ax.set_ylabel(ylabel)
+    ax.set(title=title, ylabel=ylabel)
     ax.set_ylim(0, max(values) * 1.1)
 
 
@@ -55,11 +48,8 @@ def _queue(ax, frame, names: list[str]) -> None:
     title = "Seconds queued in the server"
     means = [_number(v) for v in frame["queue_time_mean_s"]] if names else []
     p90 = [_number(v) for v in frame["queue_time_p90_s"]] if names else []
-    if not names:
-        empty_panel(ax, title, NO_ANSWERS, width=34)
-        return
-    if all(v is None for v in means):
-        empty_panel(ax, title, NO_QUEUE_TIMES, width=34)
+    if not names or all(v is None for v in means):
+        empty_panel(ax, title, NO_QUEUE_TIMES if names else NO_ANSWERS, width=34)
         return
     x = range(len(names))
     ax.bar([i - 0.2 for i in x], [v or 0.0 for v in means], 0.4, label="mean")
@@ -68,14 +58,8 @@ def _queue(ax, frame, names: list[str]) -> None:
         if v is None:
             ax.text(i, 0, "not\nreported", ha="center", va="bottom", fontsize=7, color="0.3")
     category_axis(ax, names)
-    ax.set_title(title)
-    ax.set_ylabel("seconds")
+    ax.set(title=title, ylabel="seconds")
     legend_beside(ax)
-
-
-def _jobs(names: list[str], timelines: dict[str, list]) -> list[tuple[str, dict]]:
-    """Every generate job's (label, timeline columns), in category order."""
-    return [(label, cols) for name in names for label, cols in timelines.get(name, [])]
 
 
 def _timeline(ax, label: str, cols: dict) -> list:
@@ -95,16 +79,15 @@ def draw_load(frame, timelines: dict[str, list]):
     """How the server carried each category (`frame`: the load table; `timelines`: per category, its
     generate jobs' (label, timeline columns)): a row of per-category panels, then one panel per
     generate job (three a row, one y scale); the figure, unsaved."""
-    plt = pyplot()
     names = [str(c) for c in frame["category"]] if len(frame) and frame["answered"].sum() else []
-    jobs = _jobs(names, timelines)
+    jobs = [(label, cols) for name in names for label, cols in timelines.get(name, [])]  # in category order
     columns = min(3, max(len(jobs), 1))
     rows = -(-max(len(jobs), 1) // columns)
     retractions = [float(v) for v in frame["retractions_per_1000"]] if names else []
     hits = [float(v) for v in frame["cache_hit_share"]] if names else []
     reported = names and any(_number(v) is not None for v in frame["queue_time_mean_s"])
     height = 3.6 if any(retractions) or any(hits) or reported else 2.0  # sentences only: a short row
-    fig = plt.figure(figsize=(14, height + 3.0 * rows), layout="constrained")
+    fig = pyplot().figure(figsize=(14, height + 3.0 * rows), layout="constrained")
     outer = fig.add_gridspec(2, 1, height_ratios=(height, 3.0 * rows))
     top = [fig.add_subplot(cell) for cell in outer[0].subgridspec(1, 3)]
     _bars(top[0], names, retractions, "KV-cache retractions per 1,000 answers", "retractions", NO_RETRACTIONS)
@@ -129,8 +112,3 @@ def draw_load(frame, timelines: dict[str, list]):
             ax.set_ylabel("requests")
     legend_beside(axes[columns - 1], list(lines.values()), list(lines))
     return fig
-
-
-def plot_load_figure(frame, timelines: dict[str, list], path: Path) -> None:
-    """Draw and save `draw_load`."""
-    save(draw_load(frame, timelines), path)

@@ -2,9 +2,7 @@
 server's GPUs are unknown) per projection row, with the 95 % interval from the pilot sample's
 spread; a sentence in place of the hours when the pilot measured no throughput."""
 
-from pathlib import Path
-
-from eagle3_datagen.figures.base import category_axis, empty_panel, integer_ticks, pyplot, save
+from eagle3_datagen.figures.base import category_axis, empty_panel, integer_ticks, pyplot
 
 NO_PILOT = "No pilot rows: nothing to project."
 NO_THROUGHPUT = (
@@ -39,8 +37,7 @@ def draw_projection(rows: list[dict], labels: list[str] | None = None):
         return fig
     x = range(len(rows))
     axes[0].bar(x, [r["output_tokens"] for r in rows], 0.6, yerr=[r["output_tokens_ci95"] for r in rows], capsize=4)
-    axes[0].set_title(tokens_title)
-    axes[0].set_ylabel("output tokens")
+    axes[0].set(title=tokens_title, ylabel="output tokens")
     integer_ticks(axes[0].yaxis)
     category_axis(axes[0], names)
     hours = _hours(rows)
@@ -49,12 +46,6 @@ def draw_projection(rows: list[dict], labels: list[str] | None = None):
         return fig
     unit, values, ci = hours
     axes[1].bar(x, values, 0.6, yerr=ci, capsize=4, color="tab:orange")
-    axes[1].set_title(f"Projected {unit} (95 % interval)")
-    axes[1].set_ylabel(f"{unit} at the pilot's throughput")
+    axes[1].set(title=f"Projected {unit} (95 % interval)", ylabel=f"{unit} at the pilot's throughput")
     category_axis(axes[1], names)
     return fig
-
-
-def plot_projection(rows: list[dict], path: Path, labels: list[str] | None = None) -> None:
-    """Draw and save `draw_projection`."""
-    save(draw_projection(rows, labels), path)

@@ -1,9 +1,7 @@
 """The figures of what the run produced, per series (a category, or a category and serving mode):
 prompt and output lengths, and rows and output tokens by turn index."""
 
-from pathlib import Path
-
-from eagle3_datagen.figures.base import empty_panel, integer_ticks, legend_beside, pyplot, save
+from eagle3_datagen.figures.base import empty_panel, integer_ticks, legend_beside, pyplot
 
 NO_LENGTHS = "No answered rows: every row was skipped or failed, so there are no lengths to draw."
 NO_TURNS = "No rows: the turns table is empty."
@@ -21,8 +19,7 @@ def _bins(values: list[int], most: int = 40) -> list[float]:
 def draw_lengths(lengths: dict[str, tuple[list[int], list[int]]]):
     """Histograms of prompt and output lengths (tokens) of the answered rows, one outline per series,
     on bins shared by all of them so their shapes compare; the figure, unsaved."""
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    fig, axes = pyplot().subplots(1, 2, figsize=(12, 4))
     names = sorted(lengths)
     colours = {name: f"C{k % 10}" for k, name in enumerate(names)}
     for ax, which, what in ((axes[0], 0, "prompt tokens"), (axes[1], 1, "output tokens")):
@@ -37,20 +34,13 @@ def draw_lengths(lengths: dict[str, tuple[list[int], list[int]]]):
                 ax.hist(lengths[name][which], bins=edges, histtype="stepfilled", color=colours[name], alpha=0.12)
                 ax.hist(lengths[name][which], bins=edges, histtype="step", color=colours[name], linewidth=1.6,
                         label=f"{name}, n={len(lengths[name][which])}")  # fmt: skip
-        ax.set_title(title)
-        ax.set_xlabel(what)
-        ax.set_ylabel("rows")
+        ax.set(title=title, xlabel=what, ylabel="rows")
         integer_ticks(ax.xaxis)
         integer_ticks(ax.yaxis)
     drawn = [ax for ax in axes if ax.axison]
     if drawn:
         legend_beside(drawn[-1], title="answered rows")
     return fig
-
-
-def plot_lengths(lengths: dict[str, tuple[list[int], list[int]]], path: Path) -> None:
-    """Draw and save `draw_lengths`."""
-    save(draw_lengths(lengths), path)
 
 
 def _turn_counts(frame) -> tuple[list[int], list[int], list[int], list[int]]:
@@ -71,8 +61,7 @@ def draw_turns(turns):
     conversation ended) hatched on top; the figure, unsaved."""
     from matplotlib.patches import Patch
 
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    fig, axes = pyplot().subplots(1, 2, figsize=(12, 4))
     rows_title, tokens_title = "Rows per turn index", "Output tokens per turn index"
     names = sorted(set(turns["category"])) if len(turns) else []
     if not names:
@@ -93,9 +82,7 @@ def draw_turns(turns):
             axes[0].bar(xs, ms, width, bottom=bs, color=colour, alpha=0.35, hatch="//", edgecolor="0.25")
         axes[1].bar(x, tokens, width, color=colour, label=name)
     for ax, title, ylabel in ((axes[0], rows_title, "rows"), (axes[1], tokens_title, "output tokens")):
-        ax.set_title(title)
-        ax.set_xlabel("turn index (0: a conversation's first regenerated turn)")
-        ax.set_ylabel(ylabel)
+        ax.set(title=title, xlabel="turn index (0: a conversation's first regenerated turn)", ylabel=ylabel)
         integer_ticks(ax.xaxis)
         integer_ticks(ax.yaxis)
     if not any(bar.get_height() for bar in axes[1].patches):
@@ -106,8 +93,3 @@ def draw_turns(turns):
         handles, labels = [*handles, Patch(facecolor="white", edgecolor="0.25", hatch="//")], [*labels, NOT_PRODUCED]
     legend_beside(axes[1], handles, labels)
     return fig
-
-
-def plot_turns(turns, path: Path) -> None:
-    """Draw and save `draw_turns`."""
-    save(draw_turns(turns), path)

@@ -261,8 +261,8 @@ def project_pilot(
     pilot; returns the categories' rows (without the totals)."""
     import pandas as pd
 
-    from eagle3_datagen.figures.base import series_name
-    from eagle3_datagen.figures.projection import plot_projection
+    from eagle3_datagen.figures.base import save, series_name
+    from eagle3_datagen.figures.projection import draw_projection
 
     settings = QualitySettings.from_config(quality)
     rows = []
@@ -277,7 +277,7 @@ def project_pilot(
     per_mode = [r for r in rows if r["mode"] != ALL_MODES]
     several = len({r["mode"] for r in per_mode}) > 1
     labels = [series_name(r["category"], r["mode"], several) for r in rows + totals]
-    plot_projection(per_mode, projection_png, labels=[series_name(r["category"], r["mode"], several) for r in per_mode])
+    save(draw_projection(per_mode, [series_name(r["category"], r["mode"], several) for r in per_mode]), projection_png)
     log.info("projection of the full run:\n%s", frame.to_string(index=False))
     for row, label in zip(rows + totals, labels):
         log_flags(row, label)

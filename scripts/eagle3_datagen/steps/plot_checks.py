@@ -5,8 +5,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle3_datagen.figures.base import by_series
-from eagle3_datagen.figures.shares import plot_finish_reasons, plot_token_share, plot_verdicts
+from eagle3_datagen.figures.base import by_series, save
+from eagle3_datagen.figures.shares import draw_finish_reasons, draw_token_share, draw_verdicts
 from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.settings import DEFAULT_MODE
 from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_batches, iter_record_batches, read_provenance
@@ -84,6 +84,6 @@ def plot_checks(
     # The id of the reasoning end token, as tokenize_prompts read it from the tokenizer.
     reasoning_end = read_provenance(generations[0])["prompts"]["reasoning_end_id"] if generations else None
     finishes = by_series({c: tally_finishes(p, reasoning_end, batching) for c, p in zip(categories, generations)})
-    plot_verdicts(by_category, verdicts_png, VERDICTS)
-    plot_token_share(by_category, token_share_png)
-    plot_finish_reasons(finishes, finish_reasons_png)
+    save(draw_verdicts(by_category, VERDICTS), verdicts_png)
+    save(draw_token_share(by_category), token_share_png)
+    save(draw_finish_reasons(finishes), finish_reasons_png)

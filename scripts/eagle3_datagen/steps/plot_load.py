@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.compute as pc
 
-from eagle3_datagen.figures.load import plot_load_figure
+from eagle3_datagen.figures.base import save
+from eagle3_datagen.figures.load import draw_load
 from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_record_batches, read_provenance
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,6 @@ def plot_load(
     frame = pd.DataFrame(rows)
     Path(load_summary).parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(load_summary, sep="\t", index=False)
-    plot_load_figure(frame, timelines, Path(load_png))
+    save(draw_load(frame, timelines), Path(load_png))
     log.info("load per category:\n%s", frame.to_string(index=False))
     return frame

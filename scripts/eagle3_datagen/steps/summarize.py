@@ -16,8 +16,8 @@ import orjson
 import pandas as pd
 import pyarrow.compute as pc
 
-from eagle3_datagen.figures.base import by_series, series_name
-from eagle3_datagen.figures.runs import plot_lengths, plot_turns
+from eagle3_datagen.figures.base import by_series, save, series_name
+from eagle3_datagen.figures.runs import draw_lengths, draw_turns
 from eagle3_datagen.generation.turns import ORIGINAL
 from eagle3_datagen.quality.flags import CODES
 from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, mode_totals
@@ -336,10 +336,9 @@ def summarize(
     turns = write_turns(per_turn, turns_summary)
     # The figures draw a series per category, and per category and mode where the run has several.
     several = len({mode for by_mode in lengths.values() for mode in by_mode} | set(turns["mode"])) > 1
-    plot_lengths(by_series(lengths, several), lengths_png)
-    plot_turns(
-        turns.assign(category=[series_name(c, m, several) for c, m in zip(turns["category"], turns["mode"])]), turns_png
-    )
+    save(draw_lengths(by_series(lengths, several)), lengths_png)
+    series = turns.assign(category=[series_name(c, m, several) for c, m in zip(turns["category"], turns["mode"])])
+    save(draw_turns(series), turns_png)
     log.info("summary:\n%s", frame.to_string(index=False))
     log.info("rows per turn:\n%s", turns.to_string(index=False))
     return frame
