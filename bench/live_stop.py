@@ -25,7 +25,7 @@ Figures:
   exactness    in the live run, every loop-free request ends as in the whole run (same ids, no `loop`
                finish), and every stopped one holds a prefix of its whole-run ids (checked, else exit 1).
   client CPU   time.process_time of this process over `GenerateClient.run` (on uvloop, as the generate
-               job runs it: `session.run_loop`), per request and per 1,000 output tokens received.
+               job runs it: `client.run_loop`), per request and per 1,000 output tokens received.
 
 The scripted engine writes long answers from copies of one paragraph, each turned at a random point
 (`AnswerScript.long_words`), so no loop-free answer repeats with any period for long.
@@ -45,10 +45,9 @@ from _harness import ROOT, BenchParser, write_figures
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from eagle3_datagen.engine.server import read_record  # noqa: E402
-from eagle3_datagen.generation.client import GenerateClient  # noqa: E402
+from eagle3_datagen.generation.client import GenerateClient, run_loop  # noqa: E402
 from eagle3_datagen.generation.requests import Request, RequestTemplate, parse_rid  # noqa: E402
 from eagle3_datagen.generation.servers import ManagedServer, free_port  # noqa: E402
-from eagle3_datagen.generation.session import run_loop  # noqa: E402
 from eagle3_datagen.generation.streaming import LiveStop  # noqa: E402
 from eagle3_datagen.quality.flags import LOOP_FINISH  # noqa: E402
 from eagle3_datagen.quality.loops import LoopSettings  # noqa: E402

@@ -34,10 +34,9 @@ from _harness import ROOT, BenchParser, write_figures
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from eagle3_datagen.engine.server import read_record  # noqa: E402
-from eagle3_datagen.generation.client import GenerateClient  # noqa: E402
+from eagle3_datagen.generation.client import GenerateClient, run_loop  # noqa: E402
 from eagle3_datagen.generation.requests import Request, RequestTemplate, parse_rid  # noqa: E402
 from eagle3_datagen.generation.servers import ManagedServer, free_port  # noqa: E402
-from eagle3_datagen.generation.session import run_loop  # noqa: E402
 from eagle3_datagen.generation.streaming import LiveStop  # noqa: E402
 from eagle3_datagen.quality.loops import LoopSettings  # noqa: E402
 from eagle3_datagen.settings import ClientSettings  # noqa: E402

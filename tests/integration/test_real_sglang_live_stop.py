@@ -16,11 +16,10 @@ import urllib.request
 import pytest
 from workdir import ROOT
 
-from eagle3_datagen.generation.client import GenerateClient
+from eagle3_datagen.generation.client import GenerateClient, run_loop
 from eagle3_datagen.generation.load import parse_loads
 from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.generation.server_info import streams_incrementally
-from eagle3_datagen.generation.session import run_loop
 from eagle3_datagen.generation.streaming import LiveStop
 from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.quality.loops import LoopSettings, find_loop

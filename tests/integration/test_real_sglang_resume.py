@@ -21,10 +21,9 @@ import pytest
 from aiohttp import web
 from test_real_sglang_live_stop import GREEDY, LOOPS, single_turn_prompts
 
-from eagle3_datagen.generation.client import GenerateClient
+from eagle3_datagen.generation.client import GenerateClient, run_loop
 from eagle3_datagen.generation.load import parse_loads
 from eagle3_datagen.generation.requests import RequestTemplate, parse_rid
-from eagle3_datagen.generation.session import run_loop
 from eagle3_datagen.generation.streaming import LiveStop
 from eagle3_datagen.settings import ClientSettings
 from polling import wait_until

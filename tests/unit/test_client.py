@@ -181,7 +181,7 @@ def test_persistent_failures_are_recorded_with_their_reason(backend, tokenizer, 
         assert results[key]["attempts"] == 3
         assert "gave up after 3 attempts: HTTP 500" in results[key]["error"]
     with Journal(tmp_path / "j.jsonl") as journal:
-        assert {k for k, e in journal.entries.items() if e["status"] == "failed"} == failed
+        assert {k for k in journal._keys if journal.entry(k)["status"] == "failed"} == failed
 
 
 def test_http_400_is_final_and_keeps_the_servers_message(backend, tokenizer):

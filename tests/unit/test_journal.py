@@ -23,7 +23,7 @@ def test_entries_survive_a_reopen(tmp_path):
         for i in range(5):
             j.append(entry(i))
     with Journal(path) as j:
-        assert set(j.entries) == {(f"r{i}", 0, 0, "default") for i in range(5)}
+        assert set(j._keys) == {(f"r{i}", 0, 0, "default") for i in range(5)}
         assert j.reusable("f3")["output_ids"] == [3, 7]
 
 
@@ -36,7 +36,7 @@ def test_torn_last_line_is_cut_and_the_rest_kept(tmp_path):
         fh.write(b'{"id": "r3", "sample_index": 0, "status": "o')
     with Journal(path) as j:
         assert j.torn_bytes > 0
-        assert set(j.entries) == {("r0", 0, 0, "default"), ("r1", 0, 0, "default"), ("r2", 0, 0, "default")}
+        assert set(j._keys) == {("r0", 0, 0, "default"), ("r1", 0, 0, "default"), ("r2", 0, 0, "default")}
         j.append(entry(3))
     lines = path.read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == ["r0", "r1", "r2", "r3"]
@@ -59,7 +59,7 @@ def test_last_entry_for_a_key_wins(tmp_path):
         j.append(entry(1, status="failed"))
         j.append(entry(1))
     with Journal(path) as j:
-        assert j.entries[("r1", 0)]["status"] == "ok"
+        assert j.entry(("r1", 0))["status"] == "ok"
 
 
 def test_fsync_comes_in_batches(tmp_path):
@@ -79,7 +79,7 @@ def test_each_turn_of_a_conversation_is_its_own_entry(tmp_path):
         j.append({"id": "c", "sample_index": 0, "status": "ok", "fingerprint": "f0", "output_ids": [1]})
         j.append({"id": "c", "sample_index": 0, "turn": 1, "status": "ok", "fingerprint": "f1", "output_ids": [2]})
     with Journal(path) as j:
-        assert set(j.entries) == {("c", 0, 0, "default"), ("c", 0, 1, "default")}
+        assert set(j._keys) == {("c", 0, 0, "default"), ("c", 0, 1, "default")}
         assert j.entry(("c", 0))["output_ids"] == [1]  # a key without a turn is turn 0
         assert j.entry(("c", 0, 1))["output_ids"] == [2] and j.reusable("f1")["turn"] == 1
 
@@ -137,7 +137,7 @@ def test_a_full_disk_mid_line_leaves_whole_lines_and_stops_the_journal(tmp_path,
     j.close()
     assert path.read_bytes() == before
     with Journal(path) as again:
-        assert again.torn_bytes == 0 and set(again.entries) == {(f"r{i}", 0, 0, "default") for i in range(3)}
+        assert again.torn_bytes == 0 and set(again._keys) == {(f"r{i}", 0, 0, "default") for i in range(3)}
 
 
 def test_another_write_error_cuts_the_line_too_but_is_raised_as_it_is(tmp_path, monkeypatch):
@@ -180,4 +180,4 @@ def test_a_failed_fsync_cuts_back_to_the_last_good_one(tmp_path, monkeypatch):
     monkeypatch.undo()
     j.close()
     with Journal(path) as again:
-        assert set(again.entries) == {("r0", 0, 0, "default"), ("r1", 0, 0, "default")}
+        assert set(again._keys) == {("r0", 0, 0, "default"), ("r1", 0, 0, "default")}

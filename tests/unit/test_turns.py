@@ -370,7 +370,7 @@ def test_a_next_prompt_that_does_not_fit_ends_the_conversation(kimi_tokenizer_di
     builder = make_builder(
         facts, tight, SAMPLING, Run.engine("x"), {"max_new_tokens": 16, "min_new_tokens": 4, "reserve_tokens": 2}
     )
-    builder._tokenizer = kimi_tok
+    builder.tokenizer = kimi_tok
     conversation = builder.start(prompt_row)
     answer = kimi_tok.encode("ok</think>" + "A long answer. " * 20, add_special_tokens=False) + [
         kimi_tok.convert_tokens_to_ids("<|im_end|>")
@@ -403,7 +403,7 @@ def test_an_answer_that_cannot_continue_ends_only_its_conversation(kimi_tokenize
         def answer_message(self, *args):
             raise KeyError("no such thing")
 
-    builder._tokenizer, builder._layers[profile.mode] = kimi_tok, Broken(kimi_tok, profile)
+    builder.tokenizer, builder._layers[profile.mode] = kimi_tok, Broken(kimi_tok, profile)
     row = {
         "id": "c",
         "sample_index": 0,

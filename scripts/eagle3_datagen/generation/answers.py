@@ -1,6 +1,5 @@
 """What came back for one request: SGLang's /generate answer checked and turned into result fields,
 or an error classed as retryable (5xx, 429, timeouts, aborted or malformed answers) or final (400).
-
 Imports `requests` only; no network code.
 """
 
@@ -23,22 +22,16 @@ class RetryableError(Exception):
 
 def error_text(status: int, body: str) -> str:
     """SGLang's error shapes as one line: {"error": {"message"}}, {"error": "..."}, {"detail": ...}, and
-    the OpenAI-style {"object": "error", "message", "type", "param", "code"} of 0.5.23's validation errors,
-    invalid JSON bodies and aborts."""
+    the OpenAI-style {"object": "error", "message", ...} of 0.5.23's validation errors and aborts."""
     try:
         data = json.loads(body)
     except ValueError:
         return f"HTTP {status}: {body[:500]}"
     message = data
     if isinstance(data, dict):
+        message = next((data[key] for key in ("error", "detail", "message") if key in data), data)
         if isinstance(data.get("error"), dict):
-            message = data["error"].get("message", data["error"])
-        elif "error" in data:
-            message = data["error"]
-        elif "detail" in data:
-            message = data["detail"]
-        elif "message" in data:
-            message = data["message"]
+            message = message.get("message", message)
     return f"HTTP {status}: {message}"
 
 
@@ -49,10 +42,8 @@ _PLAIN_IDS = b"0123456789,"
 
 
 def ids_are_plain(raw: bytes | None, n: int) -> bool | None:
-    """Whether the answer's `output_ids` are written as non-negative integers only (digits and commas:
-    no sign, fraction, exponent, string, boolean or null), read from the answer's bytes in one pass of
-    C code instead of a type check per id; None when `raw` does not hold the ids in SGLang's compact
-    form (then the ids are checked one by one)."""
+    """Whether `output_ids` are written as digits and commas only, read from the answer's bytes in one pass
+    of C code; None when `raw` does not hold them in SGLang's compact form (then each id is checked)."""
     if raw is None:
         return None
     start = raw.find(_IDS_KEY)
@@ -69,8 +60,7 @@ def ids_are_plain(raw: bytes | None, n: int) -> bool | None:
 
 
 def check_ids(output_ids, vocab_size: int, raw: bytes | None = None, *, whole: bool = True) -> None:
-    """RetryableError unless `output_ids` is a list of non-negative integers (`whole`: and each below
-    `vocab_size`). `raw`, the answer's bytes, lets the ids be checked without Python work per id."""
+    """RetryableError unless `output_ids` is a list of non-negative integers (`whole`: each below `vocab_size`)."""
     if not isinstance(output_ids, list):
         raise RetryableError("malformed response: 'output_ids' missing or not a list of integers")
     plain = ids_are_plain(raw, len(output_ids))
@@ -97,9 +87,7 @@ def check_length(output_ids: list, req: Request) -> None:
 
 
 def parse_response(data, req: Request, vocab_size: int, raw: bytes | None = None) -> dict:
-    """Validate one /generate answer and turn it into result fields; a bad answer is retryable.
-
-    `raw`, the answer's bytes, lets the ids be checked without Python work per id (`ids_are_plain`)."""
+    """Validate one /generate answer and turn it into result fields; a bad answer is retryable."""
     if not isinstance(data, dict):
         raise RetryableError(f"malformed response: expected an object, got {type(data).__name__}")
     output_ids = data.get("output_ids")
@@ -136,9 +124,7 @@ def interpret(status: int, raw: bytes, req: Request, vocab_size: int) -> dict:
     """One answer's (status, body bytes) as result fields; RetryableError or FinalError otherwise."""
     if status != 200:
         message = error_text(status, raw.decode("utf-8", errors="replace"))
-        if status in RETRYABLE_STATUS:
-            raise RetryableError(message)
-        raise FinalError(message)
+        raise (RetryableError if status in RETRYABLE_STATUS else FinalError)(message)
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:

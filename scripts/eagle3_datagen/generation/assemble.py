@@ -1,11 +1,5 @@
-"""A shard's generations rows: assembled from the journal in prompt order, counted, written, merged.
-
-`assemble` turns the prompt rows and the journalled results into generations rows, one per turn of
-each conversation (turns a conversation did not reach become skipped rows saying why it ended);
-`FailureCount` counts the failed rows as they are written; `sending_job` holds what a job that sends
-a journal's requests holds for its whole run (its attempt's logs, the journal's lock, its output
-table); `ShardRows` hands out a shard's rows in runs, for merging the shards in prompt order.
-
+"""A shard's generations rows: assembled from the journal in prompt order (`assemble`), counted
+(`FailureCount`), written (`sending_job`), and handed out in runs for merging the shards (`ShardRows`).
 Imports `storage` and this layer's `journal`, `locks`, `requests`, `servers` and `turns`.
 """
 
@@ -26,36 +20,21 @@ from eagle3_datagen.storage.prompts import without_source
 from eagle3_datagen.storage.tables import GENERATIONS_SCHEMA, Batching, TableWriter, iter_record_batches
 
 # The prompts table's columns a generations row is made of.
-ASSEMBLE_COLUMNS = [
-    "id",
-    "sample_index",
-    "mode",
-    "category",
-    "messages",
-    "tools",
-    "turn_ends",
-    "prompt_ids",
-    "seed",
-    "max_new_tokens",
-    "status",
-    "reason",
-]
+ASSEMBLE_COLUMNS = (
+    "id sample_index mode category messages tools turn_ends prompt_ids seed max_new_tokens status reason".split()
+)
 
 
 def rows_of(prompt_row: dict) -> int:
-    """Generations rows of a prompts row: one per turn of its conversation (a row that could not be
-    read as a conversation has no turns: one)."""
+    """Generations rows of a prompts row: one per turn of its conversation (at least one)."""
     return len(prompt_row["turn_ends"] or [0])
 
 
 def assemble(
     prompt_rows: Iterable[dict], builder: TurnBuilder, result_of: Callable[[Request], dict | None]
 ) -> Iterator[dict]:
-    """The generations rows of the prompt rows, in prompt order: one per turn of each conversation
-    (a single-turn row: one), skipped rows with their reason, and each turn a conversation did not
-    reach as a skipped row saying why it ended.
-
-    `result_of(request)` gives the journalled result of a request."""
+    """The generations rows of the prompt rows, in prompt order: one per turn of each conversation, and
+    a skipped row with the reason for each turn not sent. `result_of(request)`: its journalled result."""
     sampling = {mode: json.dumps(t.sampling, sort_keys=True) for mode, t in builder.templates.items()}
     for p in prompt_rows:
         mode = builder.mode_of(p)
@@ -68,18 +47,8 @@ def assemble(
             "sampling": sampling[mode],
         }
         if p["status"] != "ok":
-            yield {
-                **base,
-                "turn": 0,
-                "messages": p["messages"],
-                "prompt_ids": p["prompt_ids"],
-                "seed": p["seed"],
-                "max_new_tokens": p["max_new_tokens"],
-                "output_ids": [],
-                "status": p["status"],
-                "error": p["reason"],
-                "attempts": 0,
-            }
+            prompt = {k: p[k] for k in ("messages", "prompt_ids", "seed", "max_new_tokens")}
+            yield _unsent(base, 0, p["status"], p["reason"], **prompt)
             # A conversation that ends before its first turn is sent (its first prompt is too long,
             # say) loses its later turns as one that ends later does: each is a row with the reason.
             yield from _unreached_turns(base, 1, rows_of(p), f"turn 0 was not sent: {without_source(p['reason'])}")
@@ -92,7 +61,7 @@ def assemble(
             yield {
                 **base,
                 "turn": req.turn,
-                "messages": conversation.history_json(),
+                "messages": json.dumps(conversation.history, ensure_ascii=False),
                 "history": conversation.history_kind,
                 "prompt_ids": req.prompt_ids,
                 "seed": req.seed,
@@ -116,28 +85,18 @@ def assemble(
 def _unreached_turns(base: dict, first: int, turns: int, why: str | None) -> Iterator[dict]:
     """Skipped rows for the turns `first`..`turns - 1` that a conversation did not reach, and why it ended."""
     for turn in range(first, turns):
-        yield {
-            **base,
-            "turn": turn,
-            "messages": "",
-            "prompt_ids": [],
-            "seed": 0,
-            "max_new_tokens": 0,
-            "output_ids": [],
-            "status": "skipped",
-            "error": f"conversation ended: {why}",
-            "attempts": 0,
-        }
+        yield _unsent(base, turn, "skipped", f"conversation ended: {why}")
+
+
+def _unsent(base: dict, turn: int, status: str, error: str, **prompt) -> dict:
+    """A row that was never sent: what there is of its `prompt`, and no answer."""
+    none = {"messages": "", "prompt_ids": [], "seed": 0, "max_new_tokens": 0}
+    return {**base, "turn": turn, **none, **prompt, "output_ids": [], "status": status, "error": error, "attempts": 0}
 
 
 def journalled_result(journal: Journal) -> Callable[[Request], dict | None]:
-    """A request's result after a run: the ok entry made by exactly this request (reused or new),
-    else what this run journalled for its row (a failure)."""
-
-    def result_of(req: Request) -> dict | None:
-        return journal.reusable(req.fingerprint) or journal.entry(req.key)
-
-    return result_of
+    """A request's result: the ok entry made by exactly this request, else what was journalled for its row."""
+    return lambda req: journal.reusable(req.fingerprint) or journal.entry(req.key)
 
 
 class FailureCount:
@@ -162,10 +121,8 @@ class FailureCount:
 
 @contextmanager
 def sending_job(journal_file: Path, server_log: Path, output: Path):
-    """What a job that sends a journal's requests holds for its whole run (generate, the pilot):
-    its attempt's own logs, the journal's lock, and its output table, yielded as (the attempt's
-    server log, the writer). The journal is opened inside: opening it may cut a torn tail, which
-    only its one writer, the lock's holder, may do."""
+    """What a job that sends a journal's requests holds for its whole run: its attempt's logs, the journal's
+    lock, and its output table (yields the attempt's server log and the writer)."""
     with (
         attempt_logs(Path(server_log)) as attempt_server_log,
         ShardLock(journal_file),

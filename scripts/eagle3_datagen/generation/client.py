@@ -1,14 +1,8 @@
-"""The generate client: one prompt per request to SGLang's native /generate, many in flight.
-
-Why one prompt per request: SGLang fails a whole batch on one bad prompt, and continuous batching on
-the server side gains nothing from client-side batches. A bounded number of requests stays in flight
-(enough to keep the server's batch full); transient failures (HTTP 5xx, 429, connection resets, timeouts,
-aborted or malformed answers) are retried with jittered exponential backoff, a streamed answer cut short
-from the ids received; HTTP 400 is final. Every row ends as `ok` (exact `output_ids` as returned) or
-`failed` (with the last error). One aiohttp session per run: keep-alive connections per server, orjson
-bodies and answers, no timer per request (`Deadlines` keeps the timeouts). With an `identity.AnswerCheck`,
-a server's first answers are checked against the job's tokenizer and held until it is confirmed, before any
-is journalled. A `streaming.LiveStop` stops loops as they stream. Imports this layer, `storage.disk`.
+"""The generate client: one prompt per request to SGLang's native /generate (SGLang fails a whole batch on
+one bad prompt, and its continuous batching gains nothing from client-side batches), many in flight.
+Transient failures are retried with jittered exponential backoff (a streamed answer cut short from the
+ids received); HTTP 400 is final. Every row ends `ok` (exact `output_ids`) or `failed` (the last error).
+`run_loop` runs a client's coroutine. Imports this layer, `storage.disk`.
 """
 
 import asyncio
@@ -31,12 +25,37 @@ from eagle3_datagen.generation.load import Concurrency, Load, Timeline
 from eagle3_datagen.generation.pacing import Deadlines, Progress, Slots
 from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.generation.server_info import LoadReader
-from eagle3_datagen.generation.session import open_session, run_loop  # noqa: F401 (run_loop: for the steps)
 from eagle3_datagen.generation.streaming import LiveStop, StreamedAnswer, answer_fields, post_streamed
 from eagle3_datagen.settings import DEFAULT_MODE, ClientSettings
 from eagle3_datagen.storage.disk import DiskFull
 
 log = logging.getLogger(__name__)
+
+# A new connection that takes longer than this is a server that does not answer: retried.
+CONNECT_TIMEOUT_S = 30.0
+
+
+def open_session(headers: dict) -> aiohttp.ClientSession:
+    """The session every request of a run goes through: no connection limit (the slots bound what is in
+    flight), no timer per request (`Deadlines`), no cookie jar, compression, or proxy from the environment
+    (a cluster's http_proxy is for the internet, not for the job's own server)."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+        headers=headers,
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        timeout=aiohttp.ClientTimeout(total=None, connect=None, sock_read=None, sock_connect=CONNECT_TIMEOUT_S),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+    )
+
+
+def run_loop(coro):
+    """Run a coroutine of the client to its end on uvloop's event loop (where installed), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 class ServerDied(RuntimeError):
@@ -47,8 +66,6 @@ class ServerDied(RuntimeError):
 class _Run:
     """The state of one `GenerateClient.run`: what is in flight, what follows, what went wrong."""
 
-    progress: Progress
-    control: Concurrency
     slots: Slots
     journal: Journal | None
     keep_results: bool
@@ -59,7 +76,6 @@ class _Run:
     ready: deque = field(default_factory=deque)  # follow-up requests, sent first
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     syncing: bool = False
-    pool: ThreadPoolExecutor | None = None
 
 
 class GenerateClient:
@@ -80,20 +96,15 @@ class GenerateClient:
             raise ValueError("no server URL to send requests to")
         self.urls = [u.rstrip("/") for u in urls]
         self._generate_urls = [URL(f"{u}/generate") for u in self.urls]  # parsed once, not per request
-        self.template = template
-        self.settings = settings
-        # Every request's headers: bodies are JSON (orjson bytes), and the API key where one is set.
+        self.template, self.settings, self.label = template, settings, label
         self.headers = {"Content-Type": "application/json", **(headers or {})}
-        self.label = label
         self.rng = rng or random.Random()
-        # For a server this job launched: a callable telling whether its process still runs.
-        self.alive = alive
+        self.alive = alive  # for a server this job launched: whether its process still runs
         self.answer_check = answer_check
         self.live = live  # None: answers are not streamed, loops run to their budget
         self._pool: ThreadPoolExecutor | None = None  # the run's thread for tokenizer work
         self.run_nonce = secrets.token_hex(4)
-        self._next_url = 0
-        self.in_flight = 0
+        self._next_url = self.in_flight = 0
         self.loads = LoadReader(self.urls)
         self._deadlines = Deadlines()
         self._session: aiohttp.ClientSession | None = None
@@ -124,8 +135,7 @@ class GenerateClient:
             self._session = None
 
     async def _post(self, req: Request, attempt: int, url: URL | None = None, answer=None) -> tuple:
-        """POST one attempt of `req` to `url` (None: the next server); (status, answer bytes, or the streamed
-        `answer` read to its end). A connection error or the deadline passing is a RetryableError."""
+        """POST one attempt of `req` to `url`: (status, answer bytes or the streamed `answer` read to its end)."""
         timeout_s = self.settings.request_timeout(req.max_new_tokens)
         task = asyncio.current_task()
         self._deadlines.watch(task, timeout_s)
@@ -150,15 +160,11 @@ class GenerateClient:
             self._deadlines.forget(task)
 
     async def generate_one(self, req: Request, progress: Progress | None = None, slots: Slots | None = None) -> dict:
-        """Send one row until it succeeds, fails finally, or runs out of retries.
-
-        With `slots`, it is called holding one slot and gives it back the moment the server has
-        answered, before parsing and journalling, so the next request is already on its way: the
-        server never waits on this client's bookkeeping. A retry waits out its backoff without a slot.
-        An ok answer the `answer_check` wants is checked, and returned once its server is confirmed.
-        A streamed answer cut short goes on from the ids received (`StreamedAnswer.retry`)."""
+        """Send one row until it succeeds, fails finally, or runs out of retries. With `slots`, it holds one
+        and gives it back as soon as the server has answered, so the server never waits on the bookkeeping."""
         held = slots is not None
-        answer, sent = StreamedAnswer.of(req, req.template or self.template, self.live), req
+        template, sent = req.template or self.template, req
+        answer = StreamedAnswer(req, template.vocab_size, self.live, template.stop_token_ids) if self.live else None
 
         def release() -> None:
             nonlocal held
@@ -213,9 +219,9 @@ class GenerateClient:
         }
 
     def load_facts(self) -> dict:
-        """What the last run saw of the servers' load, for the provenance and the report: the
-        concurrency setting, the limits it ran at, the retractions, and the timeline."""
-        limits = self.timeline.as_columns()["limit"]
+        """What the last run saw of the servers' load, for the provenance and the report."""
+        timeline = self.timeline.as_columns()
+        limits = timeline["limit"]
         return {
             "concurrency": self.settings.concurrency,
             "max_concurrency": self.settings.cap,
@@ -224,20 +230,15 @@ class GenerateClient:
             "retractions": self.control.retractions if self.control else 0,
             "limit_cuts": self.control.cuts if self.control else 0,
             "load_endpoint": self.loads.endpoints(),
-            "timeline": self.timeline.as_columns(),
+            "timeline": timeline,
         }
 
     async def _follow_load(self, control: Concurrency, slots: Slots) -> None:
-        """Every `load_poll_s`: read the servers' load, move the limit (auto), note the timeline.
-
-        Without a load endpoint, auto reads the load as a server running all it is sent with
-        nothing waiting: it grows up to the cap, and stops growing at retractions."""
+        """Every `load_poll_s`: read the servers' load, move the limit (auto), note the timeline."""
         started = time.monotonic()
         warned = False
         while True:
-            load = None
-            if self.loads.may_answer():
-                load = await self.loads.read(self.session)
+            load = await self.loads.read(self.session) if self.loads.may_answer() else None
             if load is None and control.auto and not warned:
                 warned = True
                 log.warning(
@@ -255,10 +256,9 @@ class GenerateClient:
             await asyncio.sleep(self.settings.load_poll_s)
 
     async def _handle(self, run: _Run, req: Request) -> None:
-        """One request to its end: sent (with retries), its result kept and journalled, and the
-        request that follows it (a conversation's next turn) made ready."""
-        result = await self.generate_one(req, run.progress, run.slots)
-        run.control.retracted(result.get("num_retractions", 0))
+        """One request to its end: sent, its result kept and journalled, and its follow-up made ready."""
+        result = await self.generate_one(req, self.progress, run.slots)
+        self.control.retracted(result.get("num_retractions", 0))
         if run.keep_results:
             run.results[req.key] = result
         if run.journal is not None:
@@ -274,15 +274,15 @@ class GenerateClient:
                     await asyncio.to_thread(run.journal.sync)
                 finally:
                     run.syncing = False
-        run.progress.add(tokens=len(result.get("output_ids", ())), failed=result["status"] != "ok")
+        self.progress.add(tokens=len(result.get("output_ids", ())), failed=result["status"] != "ok")
         if run.follow is not None:
-            following = await asyncio.get_running_loop().run_in_executor(run.pool, run.follow, req, result)
+            following = await asyncio.get_running_loop().run_in_executor(self._pool, run.follow, req, result)
             if following is not None:
                 run.ready.append(following)
 
     async def _next_request(self, run: _Run, source) -> tuple[Request | None, object]:
         """A follow-up if one is ready, else the next new request, else (None, ...): no work is left. Waits
-        for follow-ups that requests in flight may still make without the caller's slot (a retry needs one)."""
+        without the caller's slot for follow-ups that requests in flight may still make (a retry needs one)."""
         while not run.errors:
             if run.ready:
                 return run.ready.popleft(), source
@@ -342,38 +342,24 @@ class GenerateClient:
     ) -> dict[tuple[str, int, int], dict]:
         """Generate every request, `concurrency` in flight; results (ok or failed) are journalled as they finish.
 
-        `requests` may be a lazy iterator (`total` then says how many it holds, or at most): it is
-        drawn from only as slots free up, so only the requests in flight are in memory. With
-        `keep_results=False` the results are only journalled, and an empty dict is returned.
-
-        `follow(request, result)`, when given, runs (in a worker thread) once a result is journalled
-        and may return the request that follows it (a conversation's next turn): that request takes
-        the next free slot, before any new one from `requests`, so a conversation goes on while
-        its shared prefix is fresh in the server's cache, and the slots stay full while there is work.
+        `requests` may be a lazy iterator (`total`: how many it holds, at most), drawn from as slots free up.
+        `follow(request, result)` runs in a worker thread once a result is journalled and may return the
+        next turn: it takes the next free slot before any new request, while its prefix is cached.
         """
         if total is None:
             requests, total = list(requests), len(requests)
         control = self.control = Concurrency(
             self.settings.cap, auto=self.settings.auto, queue_target=self.settings.queue_target
         )
-        run = _Run(
-            progress=Progress(total, self.settings.progress_interval_s, self.label),
-            control=control,
-            slots=Slots(control.limit),
-            journal=journal,
-            keep_results=keep_results,
-            follow=follow,
-            pool=ThreadPoolExecutor(max_workers=1, thread_name_prefix="follow")
-            if follow or self.answer_check
-            else None,
-        )
-        # The follow-ups' thread checks answers too (one tokenizer user at a time); `progress`: for the job's file.
-        self._pool, self.progress = run.pool, run.progress
+        progress = self.progress = Progress(total, self.settings.progress_interval_s, self.label)
+        run = _Run(Slots(control.limit), journal, keep_results, follow)
+        if follow or self.answer_check:  # the follow-ups' thread checks answers too: one tokenizer user at a time
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="follow")
         if self.answer_check is not None:
             self.answer_check.on_hold = run.wake.set
         self.timeline = Timeline()
         if control.auto:
-            run.progress.note = lambda: f" | concurrency {run.slots.limit} (auto), {control.retractions} retractions"
+            progress.note = lambda: f" | concurrency {run.slots.limit} (auto), {control.retractions} retractions"
         poller = asyncio.create_task(self._follow_load(control, run.slots))
         try:
             await self._dispatch(run, requests)
@@ -385,14 +371,20 @@ class GenerateClient:
             await self.close()
             if journal is not None:
                 journal.sync()
-            if run.pool is not None:
-                run.pool.shutdown(wait=True)
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
                 self._pool = None
         if run.errors:
             raise run.errors[0]
         if total:
-            run.progress.log()
-        self.requests_per_s, self.tokens_per_s = run.progress.rates()
-        self.requests_done, self.tokens_done = run.progress.done, run.progress.tokens
-        self.elapsed_s = time.monotonic() - run.progress.started
+            progress.log()
+        rps, tps = progress.rates()
+        self.pace = {  # what the run measured, for the provenance
+            "run_nonce": self.run_nonce,
+            "requests_per_s": round(rps, 3),
+            "tokens_per_s": round(tps, 1),
+            "requests": progress.done,
+            "output_tokens": progress.tokens,
+            "elapsed_s": round(time.monotonic() - progress.started, 3),
+        }
         return run.results

@@ -1,40 +1,20 @@
 """Append-only journal of finished requests: a killed generate job resumes where it stopped.
 
-One JSON line per finished row (ok or failed). Lines are flushed as they are written and fsync'd in
-batches, so a kill loses at most the unsynced tail, and those rows are simply requested again —
-never written twice, because the journal is keyed by (id, sample_index, turn, mode) and the last entry wins.
-A torn last line (a kill mid-write) is cut off when the journal is opened.
+One JSON line per finished row, keyed by (id, sample_index, turn, mode), the last entry winning; fsync'd
+in batches (a kill loses at most the unsynced tail, requested again; a torn last line is cut on opening).
+It doubles as the generation cache: an ok entry is reused for any row of the same request fingerprint.
+It keeps only where each line lies, so a job's memory does not grow with its answers.
 
-The journal doubles as the generation cache: an ok entry is reused for any row whose request
-fingerprint (model and server, prompt ids, sampling, budget, seed, sample index) is the same, so an
-edited prompt is sent again and an unchanged one never is, whatever its file's timestamp says.
-
-A row the client stopped as a loop (finish_type `loop`) is only a prefix of what the model would have
-written: it is reused only while the current settings stop loops live and still find a loop in its
-ids (`loop_rows`); else it is requested again.
-
-Memory: the journal keeps only where each entry's line lies (file, offset, length), never the
-entries themselves, and reads a line back when it is asked for; so a job's memory does not grow
-with the answers it has journalled (tens of GB for 88k answers of 10k tokens).
-
-A full disk (ENOSPC, EDQUOT) loses nothing. A line is written with `os.write` on a raw descriptor
-(looping on short writes), so no byte of it waits in a buffer; a write that fails cuts the file back
-to where the line began, so only whole lines remain, and the journal stops: it takes no entry after
-a failure (a later one would follow a hole), and the failure is a `DiskFull` that names the journal,
-the bytes that did not fit, the bytes free, and (given `remaining_rows`) the space the rest needs.
-An fsync that fails is treated the same way, but the cut goes back to the size of the last good
-fsync: after a failed writeback the kernel may have dropped any page written since, so nothing past
-that point can be trusted to be on disk; those entries (at most `sync_every`, or `sync_interval_s`
-of them) are requested again by the rerun, as after a kill. Every entry before the cut is whole and
-durable, so the rerun sends none of them again. A stopped journal's index forgets the cut entries;
-a reopen reads exactly what the file holds.
+A full disk loses nothing (docs/slurm.md): a write that fails cuts the file back to where its line began
+and stops the journal with a `DiskFull`; a failed fsync cuts back to the last good one (the kernel may
+have dropped any page written since), and the rerun requests those entries again.
 """
 
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -65,9 +45,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def loop_rows(live_loop: LoopSettings | None) -> Callable[[dict], bool]:
-    """Which ok entries may be reused (`Journal.reuse`): any that did not stop as a loop; one that did,
-    only while loops are stopped live (`live_loop`, the current loop settings; None: they are not) and
-    `find_loop` still finds one in its ids."""
+    """Which ok entries may be reused (`Journal.reuse`): a loop the client stopped only while loops are
+    stopped live (`live_loop`: the current settings, or None) and still found in its ids."""
 
     def reusable(entry: dict) -> bool:
         if entry.get("finish_type") != LOOP_FINISH:
@@ -92,12 +71,9 @@ class Journal:
         read_only: bool = False,
         also_read=(),
     ):
-        """`also_read`: other journals of the same category (other shards, earlier shard counts)
-        whose ok entries are reused; only `path` is ever written or repaired."""
-        self.path = Path(path)
-        self.read_only = read_only
-        self.sync_every = sync_every
-        self.sync_interval_s = sync_interval_s
+        """`also_read`: other journals of the category whose ok entries are reused; only `path` is written."""
+        self.path, self.read_only = Path(path), read_only
+        self.sync_every, self.sync_interval_s = sync_every, sync_interval_s
         self._files: list[Path] = [self.path]
         self._fds: dict[int, int] = {}
         self._keys: dict[tuple, Ref] = {}
@@ -107,11 +83,9 @@ class Journal:
         for other in also_read:
             if Path(other) != self.path:
                 self._files.append(Path(other))
-                found: dict[str, Ref] = {}
-                self._load(len(self._files) - 1, found)
-                for fingerprint, ref in found.items():
+                for fingerprint, ref in self._load(len(self._files) - 1).items():
                     self._by_fingerprint.setdefault(fingerprint, ref)
-        self._load(0, self._by_fingerprint, keys=self._keys)
+        self._by_fingerprint.update(self._load(0))
         self._fd = None if read_only else self._open()
         self._size = self._synced_size = os.fstat(self._fd).st_size if self._fd is not None else 0
         self._synced_lines = self._lines
@@ -121,8 +95,7 @@ class Journal:
         self._sync_lock = threading.Lock()  # held through an fsync; the descriptor closes only outside one
         self.stopped: OSError | None = None  # the failure after which no entry is taken
         self.reuse: Callable[[dict], bool] | None = None  # which ok entries `reusable` gives (`loop_rows`)
-        # Rows the caller has still to journal (optional): a full disk's message then says how much
-        # space the rest needs. Each append counts one down.
+        # Rows still to journal (optional): a full disk's message then says the space they need.
         self.remaining_rows: int | None = None
 
     def _open(self) -> int:
@@ -135,11 +108,11 @@ class Journal:
                 raise disk_full(exc, self.path, what="journal", advice=ADVICE) from exc
             raise
 
-    def _load(self, file_no: int, by_fingerprint: dict, keys: dict | None = None) -> None:
-        """Index one journal file a line at a time; cut a torn tail of our own file."""
-        path = self._files[file_no]
+    def _load(self, file_no: int) -> dict[str, Ref]:
+        """Index one journal file (our own by key too, its torn tail cut): its ok entries by fingerprint."""
+        path, by_fingerprint = self._files[file_no], {}
         if not path.exists():
-            return
+            return by_fingerprint
         good_end = pos = 0
         with open(path, "rb") as fh:
             for line in fh:
@@ -152,11 +125,11 @@ class Journal:
                     log.warning("journal %s: unreadable entry at byte %d; ignoring the rest", path, pos)
                     break
                 ref = (file_no, pos, len(line) - 1)
-                if keys is not None:
-                    keys[key] = ref
+                if file_no == 0:
+                    self._keys[key] = ref
+                    self._lines += 1
                 if entry.get("status") == "ok" and entry.get("fingerprint"):
                     by_fingerprint[entry["fingerprint"]] = ref
-                self._lines += file_no == 0
                 pos = good_end = pos + len(line)
             size = fh.seek(0, os.SEEK_END)
         if good_end < size:
@@ -165,6 +138,7 @@ class Journal:
                 log.warning("journal %s: cutting a torn tail of %d bytes", path, self.torn_bytes)
                 with open(path, "r+b") as fh:
                     fh.truncate(good_end)
+        return by_fingerprint
 
     def _read(self, ref: Ref) -> dict:
         file_no, offset, length = ref
@@ -182,20 +156,13 @@ class Journal:
         return entry if self.reuse is None or self.reuse(entry) else None
 
     def entry(self, key: tuple) -> dict | None:
-        """The last entry this journal holds for (id, sample_index, turn, mode), if any (a shorter key:
-        turn 0, the default mode)."""
+        """The last entry for (id, sample_index, turn, mode), if any (a shorter key: turn 0, the default mode)."""
         key = (*key, 0, DEFAULT_MODE)[:4] if len(key) == 2 else (*key, DEFAULT_MODE)[:4]
         ref = self._keys.get(key)
         return None if ref is None else self._read(ref)
 
-    @property
-    def entries(self) -> Mapping:
-        """(id, sample_index, turn, mode) -> last entry, read from the file as it is looked at."""
-        return _Entries(self)
-
     def append(self, entry: dict) -> None:
-        """Journal one entry: written whole, or not at all and the journal stopped (`DiskFull` when
-        the disk is full; the failure itself otherwise)."""
+        """Journal one entry: written whole, or not at all and the journal stopped (`DiskFull` if full)."""
         line = orjson.dumps(entry) + b"\n"
         with self._lock:
             if self.stopped is not None:
@@ -215,8 +182,8 @@ class Journal:
                 self.remaining_rows -= 1
 
     def _stop(self, exc: OSError, size: int, lines: int, *, unwritten: int, cut: int) -> NoReturn:
-        """Cut the file back to `size` bytes (`lines` whole lines), forget the `cut` entries past it,
-        take no more entries, and raise: `DiskFull`, or `exc` itself (called holding `_lock`)."""
+        """Cut the file back to `size` bytes (`lines` lines), forget the `cut` entries past it, take no
+        more, and raise `DiskFull` or `exc` itself (called holding `_lock`)."""
         try:
             os.ftruncate(self._fd, size)
         except OSError as trunc:  # a reopen cuts a torn tail as well: nothing after it is written
@@ -232,15 +199,9 @@ class Journal:
         if self.remaining_rows is not None:
             mean = size / lines if lines else unwritten
             needed = round((self.remaining_rows + cut) * mean)
-        lost = (
-            f" (the {cut} entries written after the last good fsync may not be on disk: they were cut, "
-            "and are sent again)"
-            if cut
-            else ""
-        )
-        self.stopped = disk_full(
-            exc, self.path, what="journal", unwritten=unwritten, needed=needed, advice=ADVICE + lost
-        )
+        lost = f" (the {cut} entries written after the last good fsync may not be on disk: they were cut,"
+        advice = ADVICE + (f"{lost} and are sent again)" if cut else "")
+        self.stopped = disk_full(exc, self.path, what="journal", unwritten=unwritten, needed=needed, advice=advice)
         raise self.stopped from exc
 
     def _refusal(self) -> OSError:
@@ -250,15 +211,13 @@ class Journal:
         return OSError(self.stopped.errno, why)
 
     def sync_due(self) -> bool:
-        """Time for an fsync: after `sync_every` entries or `sync_interval_s` seconds (the caller
-        syncs, so that an event loop can do it off its thread)."""
+        """Time for an fsync (the caller syncs, so that an event loop can do it off its thread)."""
         return bool(self._unsynced) and (
             self._unsynced >= self.sync_every or time.monotonic() - self._last_sync >= self.sync_interval_s
         )
 
     def sync(self) -> None:
-        """fsync what is appended; one that fails cuts the journal back to the last good fsync
-        and stops it (see the module docstring)."""
+        """fsync what is appended; one that fails cuts the journal back to the last good fsync and stops it."""
         with self._sync_lock:
             with self._lock:
                 pending, size, lines = self._unsynced, self._size, self._lines
@@ -293,20 +252,3 @@ class Journal:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class _Entries(Mapping):
-    def __init__(self, journal: Journal):
-        self._journal = journal
-
-    def __getitem__(self, key):
-        entry = self._journal.entry(key)
-        if entry is None:
-            raise KeyError(key)
-        return entry
-
-    def __iter__(self) -> Iterator:
-        return iter(self._journal._keys)
-
-    def __len__(self) -> int:
-        return len(self._journal._keys)

@@ -1,29 +1,10 @@
-"""The server's load, read from SGLang's load endpoint, and `client.concurrency: auto`, which follows it.
-
-How many requests to keep in flight depends on the server: too few and its batch runs below what it
-could hold (the GPU idles); too many and its scheduler admits more than its KV cache holds, then
-retracts running requests (`num_retractions` in an answer's `meta_info`), which must be prefilled
-again. The right number moves with prompt and answer lengths, across categories and over a run.
-
-`Concurrency` reads the server's own view at every poll, summed over its data-parallel ranks and
-over the servers of a job: requests running, requests waiting in its queue, KV tokens in use. It
-keeps the waiting queue at a small target (`client.queue_target` per rank, or a fifth of what
-runs): then the KV cache a finishing request frees always finds successors already queued, yet
-requests never wait long in the server (nor time out there, nor leave a multi-turn conversation's
-prefix to be evicted from its cache). Start-up doubles the limit while the queue is short (slow
-start); after the first sign of a full server (a queue over its target on two readings in a row,
-or a retraction) the limit follows what the server runs, and it never grows at a retraction.
-
-The endpoints (confirmed in SGLang's source):
-- `GET /v1/loads` (0.5.8 and later; 0.5.23 `srt/entrypoints/v1_loads.py`): {"loads": [one object per
-  DP rank with num_running_reqs, num_waiting_reqs, num_used_tokens, max_total_num_tokens,
-  max_running_requests, ...], "timestamp", "version", ...}.
-- `GET /get_load` (deprecated in 0.5.8, gone in 0.5.23): [{dp_rank, num_reqs, num_waiting_reqs,
-  num_tokens, ts_tic}, ...], where num_reqs counts running and waiting requests together.
+"""The server's load, read from SGLang's load endpoint, and `client.concurrency: auto`, which follows it
+(docs/slurm.md): what the server runs plus a short queue, so the KV cache a finishing request frees
+finds successors queued, yet too few to be retracted or to wait long.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 
 @dataclass(frozen=True)
@@ -37,26 +18,16 @@ class Load:
     max_running: int = 0
     ranks: int = 1
 
-    @property
-    def token_usage(self) -> float:
-        return self.used_tokens / self.total_tokens if self.total_tokens else 0.0
-
     def __add__(self, other: "Load") -> "Load":
-        return Load(
-            self.running + other.running,
-            self.waiting + other.waiting,
-            self.used_tokens + other.used_tokens,
-            self.total_tokens + other.total_tokens,
-            self.max_running + other.max_running,
-            self.ranks + other.ranks,
-        )
+        return Load(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
 
 
 def parse_loads(data) -> Load:
-    """A `/v1/loads` object or a `/get_load` list as one `Load`; ValueError for anything else."""
-    if isinstance(data, dict) and isinstance(data.get("loads"), list) and data["loads"]:
-        ranks = data["loads"]
-        try:
+    """A `/v1/loads` object (0.5.8 on: {"loads": [per DP rank: num_running_reqs, num_waiting_reqs, ...]})
+    or a `/get_load` list (gone in 0.5.23; num_reqs counts running and waiting) as one `Load`; else ValueError."""
+    try:
+        if isinstance(data, dict) and isinstance(data.get("loads"), list) and data["loads"]:
+            ranks = data["loads"]
             return Load(
                 running=sum(int(r["num_running_reqs"]) for r in ranks),
                 waiting=sum(int(r["num_waiting_reqs"]) for r in ranks),
@@ -65,10 +36,7 @@ def parse_loads(data) -> Load:
                 max_running=sum(int(r.get("max_running_requests", 0)) for r in ranks),
                 ranks=len(ranks),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"not a /v1/loads answer: {exc!r}") from None
-    if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
-        try:
+        if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):
             waiting = sum(int(r["num_waiting_reqs"]) for r in data)
             return Load(
                 running=sum(int(r["num_reqs"]) for r in data) - waiting,
@@ -76,30 +44,19 @@ def parse_loads(data) -> Load:
                 used_tokens=sum(int(r.get("num_tokens", 0)) for r in data),
                 ranks=len(data),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"not a /get_load answer: {exc!r}") from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a {'/v1/loads' if isinstance(data, dict) else '/get_load'} answer: {exc!r}") from None
     raise ValueError(f"not a load answer: {str(data)[:200]}")
 
 
 class Concurrency:
-    """The number of requests the client may have in flight: fixed, or following the servers' load.
+    """The number of requests to keep in flight (`limit`): fixed, or following the servers' load (auto).
+    Pure logic: the client calls `observe` at every poll of the load endpoint and `retracted` for every
+    answer that reports retractions. Auto grows while nothing waits and every slot is in use (doubling
+    at start, then by `STEP`); after the first sign of a full server it follows what the servers run."""
 
-    Pure logic, no clock and no I/O: the client calls `observe` at every poll of the load endpoint
-    and `retracted` for every answer that reports retractions; `limit` is the number to keep in
-    flight. Fixed (`auto=False`), the limit never moves.
-
-    Auto: the limit is what the servers run plus the queue's target, read anew at every poll. The
-    target is `queue_target` per data-parallel rank, and at least a fifth of what runs (`QUEUE_SHARE`):
-    the KV cache that finishing requests free must find successors already queued, and a server
-    that runs more frees more at once. While the queue is empty and every slot is in use, the limit
-    grows (doubling at start, then by steps of `STEP`); after a retraction it never grows at that poll.
-    """
-
-    # After slow start, each poll with an empty queue and every slot in use raises the limit by
-    # this share of it (at least 1).
-    STEP = 0.05
-    # The queue's target as a share of the requests running (when that is more than queue_target).
-    QUEUE_SHARE = 0.2
+    STEP = 0.05  # after slow start: the share of the limit (at least 1) a poll may add
+    QUEUE_SHARE = 0.2  # the queue's target as a share of what runs (where more than queue_target)
 
     def __init__(self, cap: int, *, auto: bool = False, queue_target: int = 4, start: int | None = None):
         if cap < 1:
@@ -164,8 +121,7 @@ class Concurrency:
 
 @dataclass
 class Timeline:
-    """Requests in flight over a run, with the limit and the servers' running and waiting counts, a
-    point per poll; thinned to every other point when it reaches `max_points`, so it stays small."""
+    """Requests in flight, the limit and the servers' counts, a point per poll (thinned at `max_points`)."""
 
     max_points: int = 2000
 
@@ -178,9 +134,7 @@ class Timeline:
         self._seen += 1
         if (self._seen - 1) % self.every:
             return
-        running = waiting = None if load is None else 0
-        if load is not None:
-            running, waiting = load.running, load.waiting
+        running, waiting = (None, None) if load is None else (load.running, load.waiting)
         self.points.append((round(t, 3), in_flight, limit, running, waiting))
         if len(self.points) >= self.max_points:
             self.points = self.points[::2]

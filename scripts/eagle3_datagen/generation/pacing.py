@@ -1,7 +1,6 @@
 """What paces the client: `Slots` (the in-flight limit, resizable while in use), `Deadlines` (request
-timeouts kept by one watchdog task) and `Progress` (the periodic progress line).
-
-Imports nothing of the package.
+timeouts kept by one watchdog task) and `Progress` (the periodic progress line). Imports nothing of
+the package.
 """
 
 import asyncio
@@ -38,8 +37,7 @@ class Progress:
 
     def log(self) -> None:
         rps, tps = self.rates()
-        remaining = self.total - self.done
-        eta = remaining / rps if rps > 0 else float("inf")
+        eta = f"{(self.total - self.done) / rps:.0f} s" if rps > 0 else "-"
         log.info(
             "%s: %d/%d rows (%d failed, %d retries) | %.2f req/s | %.0f tok/s | ETA %s%s",
             self.label,
@@ -49,17 +47,14 @@ class Progress:
             self.retries,
             rps,
             tps,
-            "-" if eta == float("inf") else f"{eta:.0f} s",
+            eta,
             self.note() if self.note else "",
         )
 
 
 class Slots:
-    """A semaphore whose size may change while it is in use: at most `limit` holders.
-
-    A lower limit takes effect as slots are given back (no request in flight is cut short); a
-    higher one wakes waiters at once. A slot is handed straight to the first waiter, as
-    asyncio.Semaphore does, so a freed slot costs no extra turn of the event loop."""
+    """A semaphore whose size may change while it is in use: a lower limit takes effect as slots are given
+    back; a freed slot goes straight to the first waiter, as asyncio.Semaphore does."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -98,11 +93,8 @@ class Slots:
 
 
 class Deadlines:
-    """Request timeouts kept by one watchdog task instead of a timer per request (a timer per
-    request, as aiohttp arms, costs more on uvloop than the rest of a request's bookkeeping). A
-    request past its deadline has its task cancelled, as asyncio's and aiohttp's timeouts do, and
-    `expired` then tells that cancellation from any other; the watchdog wakes every `TICK_SHARE` of
-    the shortest timeout being kept (at most once a second)."""
+    """Request timeouts kept by one watchdog task instead of a timer per request (which costs more on uvloop
+    than the rest of a request's bookkeeping); `expired` tells its cancellations from any other."""
 
     TICK_SHARE = 0.05
 

@@ -1,22 +1,12 @@
 """A shard's progress: published by its generate job, read by `status` from any host, at any time.
 
-The job writes `<journal>.progress.json` beside its journal: its plan (rows planned, reused from the
-journal, skipped), what it has sent so far (done, failed, retried, output tokens, in flight, the
-concurrency limit), where it runs (host, pid, SLURM job id), its state (`starting`, `sending`,
-`done`, `failed`) and the journal's size when it was written. It is replaced whole (a temp file
-renamed over it), so a reader on any host, NFS included, sees the last version or the one before,
-never half of one; it is written every `interval_s` and when the job ends, and writing it is never
-allowed to stop the job.
-
-A reader adds what the journal gained since (`tail`: the whole lines past the recorded size, the
-only part of the journal it reads), and asks the lock whether the job still lives (`lock_held`:
-`F_GETLK`, which tests the lock without taking it, so a reader never stands in a job's way). So
-reading a shard costs the same at 100 rows or 100,000, and a job killed with SIGKILL shows every
-row it journalled.
-
-Imports this layer's `locks` only.
+The job writes `<journal>.progress.json` (its plan, counts, host, state, the journal's size then), replaced
+whole so that a reader, NFS included, never sees half of one; writing it never stops the job. A reader adds
+the journal's lines past that size (`tail`) and asks the lock whether the job lives (`lock_held`): a
+shard costs the same to read at any size, and a job killed with SIGKILL shows every row it journalled.
 """
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -44,8 +34,7 @@ RUNNING = ("starting", "sending")
 
 
 def planned_rows(plan: dict) -> int:
-    """The rows a shard's plan will have journalled: reused, to send, and the later turns those make
-    (at most: a conversation may end early). Skipped prompts are not rows to generate."""
+    """The rows a shard's plan will have journalled (at most: a conversation may end early)."""
     return plan["reused"] + plan["to_send"] + plan["later_turns"]
 
 
@@ -68,10 +57,8 @@ class ShardProgress:
         interval_s: float = 10.0,
         clock: Callable[[], float] = time.time,
     ):
-        self.path = progress_path(journal)
-        self.journal = Path(journal)
-        self.interval_s = interval_s
-        self.clock = clock
+        self.path, self.journal = progress_path(journal), Path(journal)
+        self.interval_s, self.clock = interval_s, clock
         now = clock()
         self.facts = {
             "category": category,
@@ -89,7 +76,7 @@ class ShardProgress:
             "skipped": plan["skipped"],
             "to_send": plan["to_send"] + plan["later_turns"],
             "sent": {"done": 0, "failed": 0, "retries": 0, "output_tokens": 0, "in_flight": 0, "limit": None},
-            "journal_bytes": self._journal_size(),
+            "journal_bytes": 0,
             "samples": [[now, 0, 0]],
             "error": None,
         }
@@ -97,15 +84,8 @@ class ShardProgress:
         self._warned = False
         self.publish()
 
-    def _journal_size(self) -> int:
-        try:
-            return self.journal.stat().st_size
-        except OSError:
-            return 0
-
     def update(self, sent: dict, *, state: str = "sending", force: bool = False) -> None:
-        """The client's counts (`done`, `failed`, `retries`, `output_tokens`, `in_flight`, `limit`);
-        published when `interval_s` has passed since the last time (or `force`)."""
+        """The client's counts (the keys of `facts["sent"]`), published once `interval_s` has passed (or `force`)."""
         now = self.clock()
         self.facts["sent"] = {**self.facts["sent"], **sent}
         self.facts["state"] = state
@@ -131,7 +111,10 @@ class ShardProgress:
         """Replace the file whole; a failure (a full disk) is logged once and never stops the job."""
         now = self._last = self.clock()
         self.facts["updated"] = now
-        self.facts["journal_bytes"] = self._journal_size()
+        try:
+            self.facts["journal_bytes"] = self.journal.stat().st_size
+        except OSError:
+            self.facts["journal_bytes"] = 0
         tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         try:
             tmp.write_bytes(orjson.dumps(self.facts))
@@ -144,8 +127,7 @@ class ShardProgress:
 
 
 class Publisher:
-    """Publishes a running client's counts (`counts()`) from a thread of its own every `interval_s`,
-    so the file is current even while no request finishes, and the event loop never writes it."""
+    """Publishes a running client's `counts()` from a thread of its own every `interval_s`."""
 
     def __init__(self, progress: ShardProgress, counts: Callable[[], dict]):
         self.progress, self.counts = progress, counts
@@ -168,8 +150,8 @@ class Publisher:
 
 
 def lock_held(journal: str | Path) -> bool:
-    """Whether a live job holds the shard's lock (`locks.ShardLock`), tested without taking it: the
-    caller's own locks do not count, so ask from another process than the holder's."""
+    """Whether a live job holds the shard's lock, tested without taking it (`F_GETLK`; ask from another
+    process than the holder's: its own locks do not count)."""
     path = ShardLock(journal).path
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -202,23 +184,20 @@ class Tail:
 def tail(journal: str | Path, offset: int) -> Tail:
     """Count the entries of `journal` from byte `offset` (a torn last line is left for later)."""
     found = Tail(end=offset)
-    try:
-        with open(journal, "rb") as fh:
-            found.modified = os.fstat(fh.fileno()).st_mtime
-            fh.seek(offset)
-            for line in fh:
-                if not line.endswith(b"\n"):
-                    break
-                found.end += len(line)
-                try:
-                    entry = orjson.loads(line)
-                except ValueError:
-                    continue
-                found.done += 1
-                found.failed += entry.get("status") != "ok"
-                found.output_tokens += len(entry.get("output_ids") or ())
-    except FileNotFoundError:
-        pass
+    with contextlib.suppress(FileNotFoundError), open(journal, "rb") as fh:
+        found.modified = os.fstat(fh.fileno()).st_mtime
+        fh.seek(offset)
+        for line in fh:
+            if not line.endswith(b"\n"):
+                break
+            found.end += len(line)
+            try:
+                entry = orjson.loads(line)
+            except ValueError:
+                continue
+            found.done += 1
+            found.failed += entry.get("status") != "ok"
+            found.output_tokens += len(entry.get("output_ids") or ())
     return found
 
 
@@ -246,13 +225,10 @@ class ShardView:
 
 
 def read_progress(journal: str | Path) -> dict | None:
-    path = progress_path(journal)
     try:
-        return json.loads(path.read_bytes())
-    except FileNotFoundError:
+        return json.loads(progress_path(journal).read_bytes())
+    except (FileNotFoundError, ValueError):  # none yet, or an older writer's torn file
         return None
-    except ValueError:
-        return None  # an older writer's torn file; the next publish replaces it
 
 
 def view(journal: str | Path, facts: dict, *, now: float | None = None, held: bool | None = None) -> ShardView:
@@ -287,15 +263,13 @@ def view(journal: str | Path, facts: dict, *, now: float | None = None, held: bo
     if state == "sending":
         samples = [*facts["samples"], [shard.updated, done, tokens]]
         shard.requests_per_s, shard.tokens_per_s = recent_rate(samples, now)
-        left = max(shard.planned - shard.done, 0)
         if shard.requests_per_s:
-            shard.eta_s = left / shard.requests_per_s
+            shard.eta_s = max(shard.planned - shard.done, 0) / shard.requests_per_s
     return shard
 
 
 def recent_rate(samples: list, now: float, window_s: float = RATE_WINDOW_S) -> tuple[float | None, float | None]:
-    """Rows/s and tokens/s over the last `window_s` seconds of (time, rows, tokens) samples, up to
-    `now` (so a job that stopped finishing rows shows its rate falling)."""
+    """Rows/s and tokens/s over the last `window_s` seconds of (time, rows, tokens) samples, up to `now`."""
     last = samples[-1]
     first = next((s for s in samples if s[0] >= now - window_s), last)
     if first is last:

@@ -1,11 +1,7 @@
 """One shard of a category through its servers: plan which turns the journal already holds, start or
 find the servers, run the client, and assemble the generations rows in prompt order. Run by the
-generate step (a shard's job) and the pilot step (its sample).
-
-The tokenizer is loaded only by a job that sends rows: to check its servers' first answers
-(`identity`) and to make a conversation's later turns (`turns`). Where config `quality` stops loops
-live, the servers stream incrementally and the client stops a loop as it is generated
-(`streaming`); the provenance's `live_stop` says whether it did.
+generate step (a shard's job) and the pilot step (its sample). Only a job that sends rows loads the
+tokenizer (to check its servers' first answers and to make later turns).
 """
 
 import logging
@@ -13,21 +9,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from eagle3_datagen.engine_settings import EngineSettings
-from eagle3_datagen.generation.assemble import (
-    FailureCount,
-    assemble,
-    journalled_result,
-)
+from eagle3_datagen.generation.assemble import FailureCount, assemble, journalled_result
 from eagle3_datagen.generation.client import GenerateClient, ServerDied, run_loop
 from eagle3_datagen.generation.identity import AnswerCheck, ServerMismatch, check_model_info
 from eagle3_datagen.generation.journal import Journal, loop_rows
 from eagle3_datagen.generation.launch import api_key
-from eagle3_datagen.generation.planning import (
-    Plan,
-    make_builder,
-    make_plan,
-    requests_to_send,
-)
+from eagle3_datagen.generation.planning import Plan, make_builder, make_plan, requests_to_send
 from eagle3_datagen.generation.progress import Publisher, ShardProgress
 from eagle3_datagen.generation.server_info import seeds_honoured, server_provenance, streams_incrementally
 from eagle3_datagen.generation.servers import job_facts, servers, terminate_on_sigterm
@@ -35,15 +22,13 @@ from eagle3_datagen.generation.streaming import LiveStop
 from eagle3_datagen.generation.turns import TurnBuilder, follower
 from eagle3_datagen.quality.flags import QualitySettings
 from eagle3_datagen.settings import ClientSettings, ModelProfile
-from eagle3_datagen.storage.tables import (
-    TableWriter,
-)
+from eagle3_datagen.storage.tables import TableWriter
 
 log = logging.getLogger(__name__)
 
 
 class TooManyFailures(RuntimeError):
-    pass
+    """More than `max_failed_share` of a category's attempted rows failed."""
 
 
 def generate_category(
@@ -66,12 +51,8 @@ def generate_category(
 ) -> dict:
     """Generate every usable row of a category into `writer`; returns the provenance.
 
-    `prompt_rows()` reads the shard's prompt rows anew (planning, sending and writing each go
-    through them once, a batch at a time); `facts` are the prompts table's token facts
-    (provenance); `journal` keeps every finished row and is where results are read back from.
-    `quality` (default: the schema's) says whether loops are stopped live, and so which journalled
-    loop rows may be reused (`journal.loop_rows`). The job's progress (`shard`: its number and the
-    category's shard count) is published beside the journal for `status` (`generation.progress`).
+    `prompt_rows()` reads the shard's prompt rows anew; `journal` keeps every finished row and is where
+    results are read back from; `quality` (default: the schema's) says whether loops are stopped live.
     """
     quality = quality or QualitySettings.from_config()
     journal.reuse = loop_rows(quality.loop if quality.stops_loops_live else None)
@@ -141,8 +122,7 @@ def _send_plan(
     quality: QualitySettings,
     progress: ShardProgress,
 ) -> dict:
-    """Send the plan's requests, and the later turns their answers make, to the servers (started or
-    found) until the journal holds every one; returns the provenance of the servers and the client."""
+    """Send the plan's requests and their later turns until the journal holds every one; the provenance."""
     key = api_key(engine)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     # Each server's first answers are checked against the tokenizer the prompts were made with (the
@@ -198,7 +178,7 @@ def _send_plan(
             ) from None
         except ServerMismatch as exc:
             raise ServerMismatch(f"{category}: {exc}") from None
-        sent["client"] = _client_provenance(client)
+        sent["client"] = {**client.pace, **client.load_facts()}
     return sent
 
 
@@ -207,23 +187,19 @@ def _sent_counts(client: GenerateClient) -> dict:
     counts = client.progress
     if counts is None:
         return {}
-    limit = client.control.limit if client.control is not None else None
     return {
         "done": counts.done,
         "failed": counts.failed,
         "retries": counts.retries,
         "output_tokens": counts.tokens,
         "in_flight": client.in_flight,
-        "limit": limit,
+        "limit": client.control.limit if client.control is not None else None,
     }
 
 
 def _live_stop(live: LiveStop | None, infos: dict, category: str) -> LiveStop | None:
-    """`live`, unless a server would stream every chunk whole (no --incremental-streaming-output):
-    then loops run to their budget (and are flagged afterwards), with a warning."""
-    if live is None:
-        return None
-    whole = [url for url, info in infos.items() if not streams_incrementally(info["server_info"])]
+    """`live`, unless a server would stream every chunk whole: then loops run to their budget (a warning)."""
+    whole = [url for url, info in infos.items() if live and not streams_incrementally(info["server_info"])]
     if not whole:
         return live
     log.warning(
@@ -234,19 +210,6 @@ def _live_stop(live: LiveStop | None, infos: dict, category: str) -> LiveStop | 
         ", ".join(whole),
     )
     return None
-
-
-def _client_provenance(client: GenerateClient) -> dict:
-    """What the client measured over its run: its pace and its load."""
-    return {
-        "run_nonce": client.run_nonce,
-        "requests_per_s": round(client.requests_per_s, 3),
-        "tokens_per_s": round(client.tokens_per_s, 1),
-        "requests": client.requests_done,
-        "output_tokens": client.tokens_done,
-        "elapsed_s": round(client.elapsed_s, 3),
-        **client.load_facts(),
-    }
 
 
 def _check_failures(failures: FailureCount, max_failed_share: float, category: str, journal: Journal) -> None:

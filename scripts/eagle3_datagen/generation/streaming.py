@@ -1,29 +1,9 @@
-"""Streamed /generate answers and the live loop stop: a request's output read chunk by chunk as the
-server generates it, watched for a repetition loop, and stopped on the server the moment it ends in one.
-
-The stream (SGLang 0.5.23, `"stream": true`): server-sent events `data: {json}\\n\\n`, then
-`data: [DONE]\\n\\n` (http_server.py `stream_results`). With the server's
-`--incremental-streaming-output` each chunk holds only the `output_ids` and `text` new since the
-chunk before (tokenizer_manager.py `_handle_batch_output`, queued chunks joined by
-`_coalesce_streaming_chunks`), every `stream_interval` tokens after the first; the last one holds
-`meta_info.finish_reason` and the answer's counts. Without that flag every chunk repeats the whole
-output so far (quadratic in the output's length): the client never streams from such a server
-(`server_info.streams_incrementally`).
-
-The stop: after each chunk the ids so far go to a `quality.loops.LiveLoopWatch`; when it reports a
-loop, `POST /abort_request {"rid"}` goes to the same server and the stream is read on to its end.
-The abort's last chunk (`_handle_abort_req`) has finish_reason `abort`, `completion_tokens` = every
-token generated, and, incrementally, `output_ids` = [the last token again] and `text` = the whole
-text: only the ids that chunk adds to reach `completion_tokens` are taken (none, unless chunks
-queued before the abort were joined into it), so the row's ids are exactly the tokens generated, in
-order. Such a row is ok, with finish_type `loop` (`quality.flags.LOOP_FINISH`).
-
-A stream that ends by itself (stop or length, even after an abort that came too late) gives the
-fields the non-streamed answer gives (`answers.parse_response` on its ids and last meta_info). An
-error chunk, an abort the client did not ask for, or a stream cut short is a RetryableError or
-FinalError as for a non-streamed answer.
-
-Imports `answers` and `quality.loops`.
+"""Streamed /generate answers and the live loop stop (docs/quality.md): a request's output read chunk by
+chunk, watched for a repetition loop, and stopped on the server (`POST /abort_request`) once it ends in one.
+SGLang 0.5.23 streams events `data: {json}\\n\\n`, then `data: [DONE]`; with `--incremental-streaming-output`
+each chunk holds only the ids and text new since the one before (the client never streams without it).
+The abort's last chunk says `completion_tokens` and repeats the last id: only the ids it adds to reach
+that count are taken, so a row stopped as a loop holds exactly the tokens generated. Imports `answers`.
 """
 
 import logging
@@ -38,7 +18,6 @@ from eagle3_datagen.generation.answers import (
     FinalError,
     RetryableError,
     check_ids,
-    check_length,
     interpret,
     parse_response,
 )
@@ -62,16 +41,12 @@ class LiveStop:
     @classmethod
     def from_quality(cls, quality) -> "LiveStop | None":
         """From `quality.flags.QualitySettings`; None where loops are not stopped live."""
-        if not quality.stops_loops_live:
-            return None
-        return cls(loop=quality.loop, stream_interval=int(quality.stream_interval))
+        return cls(quality.loop, int(quality.stream_interval)) if quality.stops_loops_live else None
 
 
 def _events(buf: bytearray, start: int):
-    """The complete events in `buf` (searched from `start`), as their `data` bytes; and where the
-    first incomplete one begins."""
-    pos = 0
-    out = []
+    """The complete events in `buf` (searched from `start`) as their data, and where the next one begins."""
+    pos, out = 0, []
     while True:
         end = buf.find(_EVENT_END, max(pos, start))
         if end < 0:
@@ -88,15 +63,15 @@ def _events(buf: bytearray, start: int):
 class StreamedAnswer:
     """One streamed answer being read: its ids and text so far, the loop watch, and how it ended."""
 
-    def __init__(self, req: Request, vocab_size: int, live: LiveStop | None, stop_ids=()):
+    def __init__(self, req: Request, vocab_size: int, live: LiveStop, stop_ids=()):
         self.req = req
         self.vocab_size = vocab_size
         self.stop_ids = frozenset(stop_ids)
         self.live = live
         self.ids: list[int] = []
         self.pieces: list[str] = []
-        self.watch = LiveLoopWatch(live.loop) if live is not None else None
-        self.stream_interval = live.stream_interval if live is not None else None
+        self.watch = LiveLoopWatch(live.loop)
+        self.stream_interval = live.stream_interval
         self.loop: Loop | None = None  # the loop found, once the abort is sent
         self.last: dict | None = None  # the chunk with a finish_reason
         self.done = False
@@ -104,15 +79,9 @@ class StreamedAnswer:
         self.resumed_at: list[int] = []
         self._piece_start = 0
 
-    @classmethod
-    def of(cls, req: Request, template, live: LiveStop | None) -> "StreamedAnswer | None":
-        """A new streamed answer to `req` (sent with `template`), or None where answers are not streamed."""
-        return None if live is None else cls(req, template.vocab_size, live, template.stop_token_ids)
-
     def retry(self, resume: bool) -> Request:
-        """The request of the next attempt once this one was cut short (a timeout, a dropped
-        connection, an error): with `resume` (config client.resume), where it can, the continuation
-        (`resume`); else the row's own request, read into this answer started anew."""
+        """The next attempt's request once this one was cut short: the continuation where it can and
+        `resume` (config client.resume) says so, else the row's own request, read into this answer anew."""
         if resume and self.resumable():
             return self.resume()
         self.__init__(self.req, self.vocab_size, self.live, self.stop_ids)
@@ -124,23 +93,16 @@ class StreamedAnswer:
         return self.resumed_at[-1] if self.resumed_at else 0
 
     def resumable(self) -> bool:
-        """Whether a cut answer can go on from the ids received: some came, and they end neither the
-        answer (a stop id, the whole budget: only the last chunk, which did not come, can) nor a
-        loop the client stopped (an abort cut short: the answer is made anew, and stopped again)."""
+        """Whether a cut answer can go on: some ids came, ending neither the answer nor a loop the client stopped."""
         ids = self.ids
         return bool(ids) and self.loop is None and ids[-1] not in self.stop_ids and len(ids) < self.req.max_new_tokens
 
     def resume(self) -> Request:
-        """The request that continues this cut answer: the prompt and the ids received, for the
-        budget left; the next attempt's chunks are read on after them, by the same loop watch."""
+        """The request that continues this cut answer: the prompt and the ids received, for the budget left."""
         if len(self.ids) > self.start:
             self.resumed_at.append(len(self.ids))
         self.last, self.done, self._piece_start = None, False, len(self.pieces)
         return self.req.continued(self.ids)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.pieces)
 
     def chunk(self, data: bytes) -> Loop | None:
         """Take one event's data; the loop, the first time the output so far ends in one."""
@@ -169,7 +131,7 @@ class StreamedAnswer:
         text = out.get("text")
         if isinstance(text, str):
             self.pieces.append(text)
-        if self.watch is not None and self.loop is None and self.last is None:
+        if self.loop is None and self.last is None:
             return self.watch.feed(delta)
         return None
 
@@ -196,26 +158,16 @@ class StreamedAnswer:
         return None
 
     def result(self) -> dict:
-        """The answer's result fields (`parse_response`'s), once the stream has ended: every id
-        received, over all its attempts (a resumed answer's `resumed_at` says where each
-        continuation began)."""
+        """The answer's result fields once the stream has ended: every id received, over all its attempts."""
         if self.last is None:
             raise RetryableError(f"stream cut short after {len(self.ids)} tokens, before its last chunk")
         meta = self.last["meta_info"]
-        if meta["finish_reason"].get("type") != "abort":
-            result = parse_response({"output_ids": self.ids, "meta_info": meta}, self.req, self.vocab_size)
-        else:
-            check_length(self.ids, self.req)
-            result = {
-                "output_ids": self.ids,
-                "finish_type": LOOP_FINISH,
-                "finish_matched": "",
-                "completion_tokens": len(self.ids),
-                "cached_tokens": int(meta.get("cached_tokens", 0) or 0),
-                "e2e_latency": float(meta.get("e2e_latency", 0.0) or 0.0),
-                "num_retractions": int(meta.get("num_retractions", 0) or 0),
-                "queue_time": float(meta.get("queue_time", 0.0) or 0.0),
-            }
+        stopped = meta["finish_reason"].get("type") == "abort"  # by the client (`_aborted`): a loop
+        if stopped:  # read as an answer cut at its budget, then named for what it is
+            meta = {**meta, "finish_reason": {"type": "length"}, "completion_tokens": len(self.ids)}
+        result = parse_response({"output_ids": self.ids, "meta_info": meta}, self.req, self.vocab_size)
+        if stopped:
+            result |= {"finish_type": LOOP_FINISH, "finish_matched": ""}
         if self.resumed_at:
             # The server counted the last attempt only, and its prompt held the ids received before.
             result["completion_tokens"] = len(self.ids)
@@ -224,16 +176,14 @@ class StreamedAnswer:
         return result
 
     def text_answer(self) -> bytes:
-        """The last attempt's text as a non-streamed answer holds it (`identity.answer_text` reads
-        it): the server's answer to the prompt it was sent."""
+        """The last attempt's text as a non-streamed answer holds it (for `identity.answer_text`)."""
         return orjson.dumps({"text": "".join(self.pieces[self._piece_start :])})
 
 
 def answer_fields(
     status: int, raw: "bytes | StreamedAnswer", req: Request, vocab_size: int
 ) -> tuple[dict, bytes, int | None]:
-    """(the result fields, the answer's bytes for `identity.AnswerCheck`, the stream interval it was
-    streamed at or None) of a streamed answer or of a non-streamed one (`answers.interpret`)."""
+    """(result fields, the bytes for `identity.AnswerCheck`, the stream interval or None) of an answer."""
     if isinstance(raw, StreamedAnswer):
         return raw.result(), raw.text_answer(), raw.stream_interval
     return interpret(status, raw, req, vocab_size), raw, None
@@ -248,26 +198,16 @@ def _chunk_error(error) -> Exception:
 
 
 def _abort_error(finish: dict) -> Exception:
-    """An abort the client did not ask for: a status_code of 400 (a bad request) is final, as the
-    non-streamed answer's HTTP 400; any other abort is retried."""
+    """An abort the client did not ask for: final for a 4xx status_code (as that HTTP status), else retried."""
     status = finish.get("status_code")
-    message = f"aborted by the server: {finish.get('message')}"
     if status is not None and status not in RETRYABLE_STATUS and 400 <= status < 500:
         return FinalError(f"HTTP {status}: {finish.get('message')}")
-    return RetryableError(message)
+    return RetryableError(f"aborted by the server: {finish.get('message')}")
 
 
-async def read_stream(
-    resp: aiohttp.ClientResponse,
-    answer: StreamedAnswer,
-    abort,
-) -> StreamedAnswer:
-    """Read a streamed answer to its end; on a loop, `await abort()` (once) and read on.
-
-    Bytes are buffered until an event is complete and each event is parsed once: the work is linear
-    in the answer, however it is cut into reads."""
-    buf = bytearray()
-    start = 0
+async def read_stream(resp: aiohttp.ClientResponse, answer: StreamedAnswer, abort) -> StreamedAnswer:
+    """Read a streamed answer to its end (each event parsed once); on a loop, `await abort()` and read on."""
+    buf, start = bytearray(), 0
     async for data in resp.content.iter_any():
         buf += data
         events, consumed = _events(buf, start)
@@ -287,9 +227,7 @@ async def read_stream(
 async def post_streamed(
     session: aiohttp.ClientSession, url: URL, body: bytes, answer: StreamedAnswer, rid: str
 ) -> tuple[int, "bytes | StreamedAnswer"]:
-    """POST a streamed request to `url` (a server's /generate): (status, the answer read to its end),
-    or (status, the body) of an answer that is not a stream (an HTTP error). A loop is stopped by
-    `POST /abort_request` on the same server; an abort that fails leaves the request to run to its end."""
+    """POST a streamed request: (status, the answer read to its end), or (status, body) of an HTTP error."""
 
     async def abort(loop: Loop) -> None:
         log.debug("%s: stopping a loop: %s", rid, loop.describe())

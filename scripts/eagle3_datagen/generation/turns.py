@@ -1,32 +1,10 @@
-"""The turns of a conversation: every assistant turn regenerated on the model's own earlier answers.
-
-With `turns: all`, a conversation with user (or tool) messages u1..un is regenerated turn by turn:
-turn k's prompt is the chat template of the original system, user and tool messages up to uk, with
-the model's own answers to turns 0..k-1 in place of the original assistant messages, and
-`add_generation_prompt=True`. An answer enters the history the way a deployed chat layer puts it
-there (`chat_layer.ChatLayer`: decoded, split into `reasoning_content`, `content` and `tool_calls`).
-Text only builds the next turn's messages: each turn's row holds the `prompt_ids` that were sent and
-the `output_ids` the server returned.
-
-Tool results: where the original conversation answers an assistant tool call with tool messages,
-they are spliced in after the regenerated answer when it calls *the same tools*: the same function
-names, in the same order and number (the arguments may differ: the original results answered the
-original arguments). Each result's `tool_call_id` is rewritten to the regenerated call's id.
-Where the regenerated answer calls other tools (or none, or some where the original answered in
-text), the results cannot answer it: with `tool_divergence: end` (the default) the conversation
-ends there; with `original`, the original assistant message and its results take the answer's place
-and the later turns are regenerated on that history (each still on the model's own answers after
-it, where their tools match). Each turn says which (`history_kind`: on_policy, or original from the
-first turn rendered on an original answer on).
-
-A conversation ends early, never silently: after a failed turn, a turn cut at `max_new_tokens` or
-stopped as a repetition loop (finish_type `loop`), a tool mismatch, an empty message in the original
-conversation (a turn never written or an answer lost: the turns whose history holds it), or a next
-prompt that does not fit the context, its later turns become skipped rows carrying the reason, and
-the turns before stay.
-
-`turn_ends` (a prompts table column) says where each turn's history ends in the conversation; with
-`turns: last` it has one entry and this module only ever makes the one request of the prompts row.
+"""The turns of a conversation: every assistant turn regenerated on the model's own earlier answers
+(docs/data.md, "Every turn on-policy"). Turn k's prompt is the chat template of the original system, user and tool messages up to uk, with the
+model's answers to turns 0..k-1 (as `chat_layer.ChatLayer` parses them) in place of the original
+assistant messages. Original tool results are spliced in after an answer that calls the same tools;
+one that calls others has diverged (`tool_divergence`: the conversation ends, or goes on with the
+original message). A conversation ends early, never silently: its later turns become skipped rows
+with the reason. `turn_ends` (a prompts column) says where each turn's history ends.
 """
 
 from __future__ import annotations
@@ -43,17 +21,14 @@ from eagle3_datagen.storage.prompt_rows import empty_message
 from eagle3_datagen.tokens.token_facts import output_budget
 
 TURN_MODES = ("all", "last")
-# What follows a regenerated answer whose tool calls the original results cannot answer (config
-# tool_divergence): the conversation ends, or goes on with the original message in its place.
 DIVERGENCE = ("end", "original")
 ON_POLICY, ORIGINAL = "on_policy", "original"  # a row's history: the model's own answers only, or not
 
 
 def turn_ends(messages: list[dict], mode: str) -> list[int]:
-    """Where each regenerated turn's history ends in `messages` (exclusive): with `all`, after every
-    user or tool message that an assistant message follows (and at the end); with `last`, the end.
-
-    Assistant messages before the first user message are history, never regenerated."""
+    """Where each regenerated turn's history ends in `messages` (exclusive): with `all`, after every user
+    or tool message that an assistant message follows (or the end), never before the first user message;
+    with `last`, the end."""
     if mode not in TURN_MODES:
         raise ValueError(f"turns must be one of {', '.join(TURN_MODES)}, not {mode!r}")
     if mode == "last":
@@ -77,13 +52,9 @@ def call_names(calls: list[dict]) -> list[str]:
 
 
 def splice_tool_results(original: list[dict], answer: dict, following: list[dict]) -> tuple[list[dict], str | None]:
-    """The messages after a regenerated answer: `following` (the original's), with its leading tool
-    results answering the regenerated calls. A reason instead when the results cannot answer them.
-
-    `original` is the assistant turn the answer replaces (one or more assistant messages)."""
-    n = 0
-    while n < len(following) and following[n]["role"] == "tool":
-        n += 1
+    """The messages after a regenerated answer: `following` (the original's), its leading tool results
+    answering the regenerated calls; or a reason why they cannot. `original`: the turn the answer replaces."""
+    n = next((i for i, m in enumerate(following) if m["role"] != "tool"), len(following))
     calls = answer.get("tool_calls") or []
     if not n:
         if calls:
@@ -110,10 +81,8 @@ def splice_tool_results(original: list[dict], answer: dict, following: list[dict
 
 
 class TurnBuilder:
-    """Builds the requests of a category's conversations: turn 0 from the prompts row, each later
-    turn from the model's answer to the one before. The tokenizer is loaded on first use (a later
-    turn, or the generate step's check of its servers' answers), so a job that sends nothing never
-    loads it."""
+    """Builds the requests of a category's conversations: turn 0 from the prompts row, each later turn
+    from the answer before. The tokenizer is loaded on first use: a job that sends nothing never loads it."""
 
     def __init__(
         self,
@@ -126,8 +95,7 @@ class TurnBuilder:
         templates: dict[str, RequestTemplate] | None = None,
         tool_divergence: str = "end",
     ):
-        """`template` and `profile` are the first mode's; `templates` has every mode's (by name)
-        where the profile has several (`settings.ModelProfile.modes`)."""
+        """`template` and `profile` are the first mode's; `templates`: every mode's, by name."""
         if tool_divergence not in DIVERGENCE:
             raise ValueError(f"tool_divergence must be one of {', '.join(DIVERGENCE)}, not {tool_divergence!r}")
         self.tool_divergence = tool_divergence
@@ -137,23 +105,20 @@ class TurnBuilder:
         self.budget = budget
         self.tokenizer_sha256 = tokenizer_sha256
         self._load = load
-        self._tokenizer = None
         self._layers: dict = {}
 
-    @property
+    @functools.cached_property
     def tokenizer(self):
-        if self._tokenizer is None:
-            from eagle3_datagen.tokens.vocabulary import load_tokenizer, tokenizer_fingerprint
+        from eagle3_datagen.tokens.vocabulary import load_tokenizer, tokenizer_fingerprint
 
-            tokenizer = self._load() if self._load is not None else load_tokenizer(self.profile)
-            found = tokenizer_fingerprint(tokenizer)["tokenizer_sha256"]
-            if self.tokenizer_sha256 and found != self.tokenizer_sha256:
-                raise RuntimeError(
-                    f"the tokenizer at {self.profile.tokenizer} (sha256 {found[:12]}) is not the one the prompts "
-                    f"were tokenized with ({self.tokenizer_sha256[:12]}): tokenize the prompts again"
-                )
-            self._tokenizer = tokenizer
-        return self._tokenizer
+        tokenizer = self._load() if self._load is not None else load_tokenizer(self.profile)
+        found = tokenizer_fingerprint(tokenizer)["tokenizer_sha256"]
+        if self.tokenizer_sha256 and found != self.tokenizer_sha256:
+            raise RuntimeError(
+                f"the tokenizer at {self.profile.tokenizer} (sha256 {found[:12]}) is not the one the prompts "
+                f"were tokenized with ({self.tokenizer_sha256[:12]}): tokenize the prompts again"
+            )
+        return tokenizer
 
     @property
     def layer(self):
@@ -200,9 +165,7 @@ class TurnBuilder:
 
 
 class Conversation:
-    """One (id, sample_index, mode) conversation, turn by turn: `request` is the current turn's request;
-    `advance(result)` makes the next one, or ends the conversation (`end_reason`, None when every
-    turn was made)."""
+    """One (id, sample_index, mode) conversation: `request` is the current turn's; `advance` makes the next."""
 
     def __init__(self, builder: TurnBuilder, row: dict):
         self.builder = builder
@@ -210,7 +173,6 @@ class Conversation:
         self.mode = builder.mode_of(row)
         self.ends = list(row.get("turn_ends") or ())
         self.turn = 0
-        self._history: list | None = None  # read from the row's messages when first asked for
         self.request: Request = builder.request(row, 0, row["prompt_ids"], row["max_new_tokens"])
         self.end_reason: str | None = None
         # The first turn rendered on an original answer in place of the model's (tool_divergence: original).
@@ -225,23 +187,14 @@ class Conversation:
     def tools(self) -> list | None:
         return json.loads(self.row["tools"]) if self.row.get("tools") else None
 
-    @property
+    @functools.cached_property
     def history(self) -> list:
         """The messages the current turn's prompt was rendered from (its own user message last)."""
-        if self._history is None:
-            self._history = self.messages[: self.ends[0] if self.ends else len(self.messages)]
-        return self._history
-
-    @history.setter
-    def history(self, history: list) -> None:
-        self._history = history
+        return self.messages[: self.ends[0] if self.ends else len(self.messages)]
 
     @property
     def turns(self) -> int:
         return len(self.ends) or 1
-
-    def history_json(self) -> str:
-        return json.dumps(self.history, ensure_ascii=False)
 
     @property
     def history_kind(self) -> str:
@@ -252,19 +205,15 @@ class Conversation:
         self.end_reason = reason
 
     def advance(self, result: dict) -> Request | None:
-        """The next turn's request after this turn's `result`, or None (the conversation is over).
-
-        Whatever goes wrong in making the next turn ends this conversation with the reason; it never
-        stops the others (a tokenizer that cannot be loaded, or is not the prompts', fails the job)."""
+        """The next turn's request after this turn's `result`, or None; a failure ends this conversation only."""
         if self.turn + 1 < self.turns and result["status"] == "ok":
             self.builder.tokenizer  # noqa: B018 (loaded here, outside the guard below)
         try:
             return self._advance(result)
         except Exception as exc:  # a parser or template error on one answer: this conversation ends
-            self._end(
+            return self._end(
                 f"turn {self.turn + 1} could not be made from turn {self.turn}'s answer: {type(exc).__name__}: {exc}"
             )
-            return None
 
     def _advance(self, result: dict) -> Request | None:
         k = self.turn
@@ -272,45 +221,37 @@ class Conversation:
             return None
         later = self.turns - k - 1
         if result["status"] != "ok":
-            self._end(f"turn {k} failed ({result.get('error', '')[:200]}): its {later} later turn(s) not generated")
-            return None
+            return self._end(
+                f"turn {k} failed ({result.get('error', '')[:200]}): its {later} later turn(s) not generated"
+            )
         if result.get("finish_type") in ("length", LOOP_FINISH):
             how = "at max_new_tokens" if result["finish_type"] == "length" else "as a repetition loop"
-            self._end(
+            return self._end(
                 f"turn {k} was cut {how} ({len(result['output_ids'])} tokens): a cut answer cannot "
                 f"continue the conversation; its {later} later turn(s) not generated"
             )
-            return None
         empty = empty_message(self.messages[: self.ends[k + 1]], self.ends[k])
         if empty is not None:
-            self._end(f"turn {k + 1} not generated: {empty}; {later} turn(s) not generated")
-            return None
+            return self._end(f"turn {k + 1} not generated: {empty}; {later} turn(s) not generated")
         layer = self.builder.layer_for(self.mode)
         answer = layer.answer_message(result["output_ids"], result.get("finish_type", ""), self.tools, self.history)
         segment = self.messages[self.ends[k] : self.ends[k + 1]]
-        j = 0
-        while j < len(segment) and segment[j]["role"] == "assistant":
-            j += 1
+        j = next((i for i, m in enumerate(segment) if m["role"] != "assistant"), len(segment))
         following, diverged = splice_tool_results(segment[:j], answer, segment[j:])
         if diverged is not None and self.builder.tool_divergence == "end":
-            self._end(f"turn {k + 1} not generated: {diverged}; {later} turn(s) not generated")
-            return None
-        if diverged is not None:  # the original answer and its results stand in for the model's
-            history = self.history + segment
-        else:
-            history = self.history + [answer] + following
+            return self._end(f"turn {k + 1} not generated: {diverged}; {later} turn(s) not generated")
+        # Diverged (tool_divergence: original): the original answer and its results stand in for the model's.
+        history = self.history + (segment if diverged is not None else [answer, *following])
         tokenized = layer.chat.tokenize([history], [self.tools])[0]
         if tokenized.error is not None:
-            self._end(f"turn {k + 1}: the chat template cannot render its history: {tokenized.error}")
-            return None
+            return self._end(f"turn {k + 1}: the chat template cannot render its history: {tokenized.error}")
         max_new, why = output_budget(
             len(tokenized.prompt_ids),
             context_length=self.builder.profile.context_length,
             budget=self.builder.budget.for_mode(self.mode),
         )
         if why is not None:
-            self._end(f"turn {k + 1} does not fit the context: {why}; {later} turn(s) not generated")
-            return None
+            return self._end(f"turn {k + 1} does not fit the context: {why}; {later} turn(s) not generated")
         self.turn, self.history = k + 1, history
         if diverged is not None and self.original_from is None:
             self.original_from = k + 1
@@ -320,28 +261,25 @@ class Conversation:
 
 @dataclass
 class Step:
-    """One turn of a walk: its conversation (at this turn), request, and result (None: not made yet)."""
+    """One turn of a walk: its request, and result (None: not made yet)."""
 
-    conversation: Conversation
     request: Request
     result: dict | None
 
 
 def walk(conversation: Conversation, result_of: Callable[[Request], dict | None]) -> Iterator[Step]:
-    """The turns of a conversation that `result_of` has results for, then the first one it has not
-    (with result None), unless the conversation ended first."""
+    """The turns of a conversation that `result_of` has results for, then the first it has not (result None)."""
     req: Request | None = conversation.request
     while req is not None:
         result = result_of(req)
-        yield Step(conversation, req, result)
+        yield Step(req, result)
         if result is None:
             return
         req = conversation.advance(result)
 
 
 def follower(in_flight: dict) -> Callable[[Request, dict], Request | None]:
-    """The client's follow-up (`GenerateClient.run(follow=...)`) over the conversations in flight,
-    by request key (`plan_generation.requests_to_send` fills `in_flight`): a result's next turn."""
+    """The client's follow-up (`GenerateClient.run(follow=...)`) over the conversations `in_flight` by key."""
 
     def follow(req: Request, result: dict) -> Request | None:
         conversation = in_flight.pop(req.key)
