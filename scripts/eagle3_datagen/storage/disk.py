@@ -26,25 +26,21 @@ def is_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def _existing(path: Path) -> Path:
-    path = Path(os.path.abspath(path))
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
 def mount_of(path: str | Path) -> Path:
     """The mount point of the filesystem that holds (or would hold) `path`."""
-    path = _existing(Path(path))
-    while not os.path.ismount(path):
+    path = Path(os.path.abspath(path))
+    while not os.path.ismount(path):  # a path that does not exist is no mount point either
         path = path.parent
     return path
 
 
 def free_bytes(path: str | Path) -> int | None:
     """Bytes an unprivileged user may still write on the filesystem of `path` (None: unknown)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:  # a directory quota counts where the path would be
+        path = path.parent
     try:
-        st = os.statvfs(_existing(Path(path)))
+        st = os.statvfs(path)
     except OSError:
         return None
     return st.f_bavail * st.f_frsize

@@ -181,8 +181,7 @@ def _unexpected_row(source: str, obj, exc: Exception, options: ReadOptions) -> P
         error = f"{type(exc).__name__}: {exc}"
     except Exception:
         error = type(exc).__name__
-    if len(error) > 300:
-        error = error[:300] + "..."
+    error = error[:300] + "..." if len(error) > 300 else error
     return PromptRow(
         id=row_id,
         source=source,

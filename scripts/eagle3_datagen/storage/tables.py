@@ -95,29 +95,23 @@ class Batching:
 DEFAULT_BATCHING = Batching()
 
 
-def _slices(batch: pa.RecordBatch, batching: Batching):
-    """Split a record batch into consecutive slices of at most `batching.tokens` ids (one row at least)."""
-    counts = np.zeros(batch.num_rows, dtype=np.int64)  # token ids per row, over the list columns
-    for column in batch.columns:
-        if pa.types.is_list(column.type):
-            counts += pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
-    start, tokens = 0, 0
-    for i, n in enumerate(counts):
-        if i > start and tokens + n > batching.tokens:
-            yield batch.slice(start, i - start)
-            start, tokens = i, 0
-        tokens += n
-    if start < batch.num_rows:
-        yield batch.slice(start, batch.num_rows - start)
-
-
 def iter_record_batches(
     path: str | Path, batching: Batching = DEFAULT_BATCHING, columns: list[str] | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """A table's rows as Arrow record batches, in order, each within `batching`."""
-    pf = pq.ParquetFile(path)
-    for batch in pf.iter_batches(batch_size=batching.rows, columns=columns):
-        yield from _slices(batch, batching)
+    """A table's rows as Arrow record batches, in order, each within `batching` (one row at least)."""
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=batching.rows, columns=columns):
+        counts = np.zeros(batch.num_rows, dtype=np.int64)  # token ids per row, over the list columns
+        for column in batch.columns:
+            if pa.types.is_list(column.type):
+                counts += pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+        start, tokens = 0, 0
+        for i, n in enumerate(counts):
+            if i > start and tokens + n > batching.tokens:
+                yield batch.slice(start, i - start)
+                start, tokens = i, 0
+            tokens += n
+        if start < batch.num_rows:
+            yield batch.slice(start, batch.num_rows - start)
 
 
 def iter_batches(

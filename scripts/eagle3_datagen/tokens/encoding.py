@@ -1,6 +1,5 @@
-"""Text to ids outside the chat template: spans that spell a control token (`ControlText`), text
-encoded with no added-token matching (`TextOnlyEncoder`), and a TikToken tokenizer's fast path
-(`TiktokenPath`).
+"""Text to ids outside the chat template: control-token spans, text encoded with no added-token
+matching, and a TikToken tokenizer's fast path.
 
 May import: `settings`, `tokens.vocabulary`.
 """
