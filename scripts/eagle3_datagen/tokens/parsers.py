@@ -145,27 +145,20 @@ def _tool_names(tools) -> list[str]:
 
 
 def _tool_properties(tool: dict, descend: bool) -> set:
-    fn = tool.get("function", tool)
-    params = fn.get("parameters") or {}
+    params = tool.get("function", tool).get("parameters") or {}
     if not descend:
         return set((params.get("properties") or {}).keys()) if isinstance(params, dict) else set()
-    return set(_schema_properties(params).keys())
+    return _schema_properties(params)
 
 
-def _schema_properties(schema) -> dict:
+def _schema_properties(schema) -> set:
+    """The property names of a JSON schema, or of its anyOf/oneOf/allOf branches."""
     if not isinstance(schema, dict):
-        return {}
-    props = schema.get("properties")
-    if isinstance(props, dict):
-        return props
-    merged: dict = {}
-    for key in ("anyOf", "oneOf", "allOf"):
-        branches = schema.get(key)
-        if isinstance(branches, list):
-            for branch in branches:
-                for k, val in _schema_properties(branch).items():
-                    merged.setdefault(k, val)
-    return merged
+        return set()
+    if isinstance(schema.get("properties"), dict):
+        return set(schema["properties"])
+    branches = [b for key in ("anyOf", "oneOf", "allOf") if isinstance(schema.get(key), list) for b in schema[key]]
+    return set().union(*map(_schema_properties, branches))
 
 
 def _kimi_regexes(v: Version):
@@ -182,9 +175,6 @@ def _kimi_regexes(v: Version):
         flags,
     )
     return call, re.compile(r"^(?:functions\.)?(?P<name>" + name + r"):(?P<index>\d+)$")
-
-
-_COUNTER_RE = re.compile(r"^\d+$")
 
 
 def _kimi_infer_name(tools, args: str, v: Version) -> str | None:
@@ -220,7 +210,7 @@ def _kimi_detect(text: str, tools, v: Version) -> tuple[str, list[ToolCall]]:
             m = id_re.match(call_id)
             if m:
                 name, index = m.group("name"), int(m.group("index"))
-            elif v >= (0, 5, 12) and _COUNTER_RE.match(call_id):
+            elif v >= (0, 5, 12) and call_id.isdecimal():  # SGLang's ^\d+$
                 name, index = _kimi_infer_name(tools, args, v), int(call_id)
             else:
                 continue
