@@ -144,7 +144,7 @@ def test_a_table_on_a_full_disk_leaves_no_file(small_disk, fails_at):
     writer = TableWriter(path, schema, batching)
     with pytest.raises(DiskFull, match=f"table {path}: the disk is full"):  # no `with`: the writer cleans up itself
         for row in rows:
-            writer.write_row(row)
+            writer.write([row])
             if fails_at == "close" and writer.rows == 40:
                 writer.close()
     assert list(disk.iterdir()) == []

@@ -9,8 +9,6 @@ import os
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-
 
 class DiskFull(OSError):
     """A write stopped by a full disk (ENOSPC) or a spent quota (EDQUOT); `path` is the file it was for.
@@ -25,28 +23,24 @@ class DiskFull(OSError):
 
 
 def is_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in FULL_ERRNOS
-
-
-def _existing(path: Path) -> Path:
-    path = Path(os.path.abspath(path))
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def mount_of(path: str | Path) -> Path:
     """The mount point of the filesystem that holds (or would hold) `path`."""
-    path = _existing(Path(path))
-    while not os.path.ismount(path):
+    path = Path(os.path.abspath(path))
+    while not os.path.ismount(path):  # a path that does not exist is no mount point either
         path = path.parent
     return path
 
 
 def free_bytes(path: str | Path) -> int | None:
     """Bytes an unprivileged user may still write on the filesystem of `path` (None: unknown)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:  # a directory quota counts where the path would be
+        path = path.parent
     try:
-        st = os.statvfs(_existing(Path(path)))
+        st = os.statvfs(path)
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
@@ -91,9 +85,8 @@ def disk_full(
 
 
 class WholeFile:
-    """A file written to `<path>.tmp` and renamed to `path` when it is closed whole. On any exception
-    (a full disk among them: then a `DiskFull` naming `path`) the temp file goes and `path` is left
-    as it was: no half file is ever found under the final name. `_handle` is what writes the temp file."""
+    """A file written to `<path>.tmp` (by `_handle`) and renamed to `path` when closed whole. On any
+    exception (a full disk: a `DiskFull` naming `path`) the temp file goes and `path` stays as it was."""
 
     what = "file"
     advice = DEFAULT_ADVICE
@@ -106,7 +99,6 @@ class WholeFile:
 
     @contextmanager
     def guarded(self):
-        """A write that fails discards the file: a full disk is a `DiskFull` naming it."""
         try:
             yield
         except DiskFull:
@@ -136,13 +128,8 @@ class WholeFile:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        """On an exception the temp file goes; otherwise a file not yet closed is closed as it is."""
-        if self.closed:
-            return
-        if exc_type is None:
-            self.close()
-        else:
-            self.discard()
+        if not self.closed:
+            self.close() if exc_type is None else self.discard()
 
 
 class AtomicFile(WholeFile):
@@ -161,8 +148,5 @@ class AtomicFile(WholeFile):
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()

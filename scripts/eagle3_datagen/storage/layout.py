@@ -1,9 +1,8 @@
-"""Where every file of a run lives: one table, read by the rules and by the command line alike.
+"""Where every file of a run lives, read by the rules and the command line alike: rules name their
+files by these keys (`output: prompts=P["prompts"]`), and step functions take parameters of the same
+names, so `eagle3_datagen.runner` hands a step its files from Snakemake's job or from this table."""
 
-A rule names its inputs and outputs by these keys (`output: prompts=P["prompts"]`), and each step
-function takes parameters of the same names, so `eagle3_datagen.runner` can hand a step its files
-from Snakemake's job or, run by hand, from this table and `--category`/`--shard`.
-"""
+from pathlib import Path
 
 PATHS = {
     # tokenize_prompts
@@ -62,8 +61,6 @@ def path(name: str, **wildcards) -> str:
     return PATHS[name].format(**wildcards)
 
 
-def journal_path(cache_dir, category: str, shard: int, shards: int):
+def journal_path(cache_dir, category: str, shard: int, shards: int) -> Path:
     """A shard's journal (`generation.journal`), under the config's `cache_dir`, outside results/."""
-    from pathlib import Path
-
     return Path(cache_dir) / "journal" / category / f"shard_{shard}-of-{shards}.jsonl"

@@ -37,11 +37,9 @@ def rate_text(per_second: float) -> str:
 
 
 class Progress:
-    """Progress lines of one step over `total` units (None: not known ahead; `advance` may then say
-    how far the work is by a `fraction` of it, such as the place in the input file), to the logger
-    named after the step, each record marked `progress`: a line at the start, then about every
-    `interval_s` (never within the first: a short step says only where it starts and ends), and one
-    at the end. `clock` gives seconds (time.monotonic); tests drive it by hand."""
+    """Progress lines of one step over `total` units (None: not known ahead; `advance` may then give a
+    `fraction` of the work), to the step's logger, marked `progress`: one at the start, then about every
+    `interval_s` (never within the first), and one at the end. Tests drive `clock` by hand."""
 
     def __init__(
         self,
@@ -68,14 +66,13 @@ class Progress:
     def start(self) -> None:
         """The first line: what the step is about to go through."""
         self.started = self.last = self.clock()
-        if self.total is not None:
-            self._say(f"0 of {self.total:,} {self.unit}")
-        else:
-            self._say(f"0 {self.unit} (the total is known once all are read)")
+        known = self.total is not None
+        self._say(
+            f"0 of {self.total:,} {self.unit}" if known else f"0 {self.unit} (the total is known once all are read)"
+        )
 
     def advance(self, n: int, fraction: float | None = None) -> None:
-        """`n` more units done (and, where the total is not known, `fraction` of the work); a line
-        if one is due."""
+        """`n` more units done (and, where the total is not known, `fraction` of the work)."""
         if self.started is None:
             self.start()
         self.done += n
@@ -107,10 +104,7 @@ class Progress:
         """Done (of total), percent, rate, elapsed time and the time left at the rate so far."""
         elapsed = now - (self.started if self.started is not None else now)
         share = self.share()
-        counts = (
-            f"{self.done:,} of {self.total:,} {self.unit}" if self.total is not None else f"{self.done:,} {self.unit}"
-        )
-        parts = [counts + (f" ({math.floor(share * 100)}%)" if share is not None else "")]
+        parts = [f"{self._counts()} {self.unit}" + (f" ({math.floor(share * 100)}%)" if share is not None else "")]
         if elapsed > 0:
             parts.append(f"{rate_text(self.done / elapsed)} {self.unit}/s")
         parts.append(f"{duration(elapsed)} elapsed")
@@ -125,17 +119,18 @@ class Progress:
         if self.started is None:
             self.start()
         elapsed = self.clock() - self.started
-        counts = f"{self.done:,} of {self.total:,}" if self.total is not None else f"{self.done:,}"
         rate = f", {rate_text(self.done / elapsed)} {self.unit}/s" if elapsed > 0 else ""
-        self._say(f"{counts} {self.unit} done in {duration(elapsed)}{rate}")
+        self._say(f"{self._counts()} {self.unit} done in {duration(elapsed)}{rate}")
+
+    def _counts(self) -> str:
+        return f"{self.done:,} of {self.total:,}" if self.total is not None else f"{self.done:,}"
 
     def _say(self, text: str) -> None:
         self.log.info("%s", text, extra={"progress": True})
 
 
 class ProgressOnly(logging.Filter):
-    """Passes the records of progress lines (`Progress`) only: `workflow.setup_logging` sends them to
-    stderr as well as to the log file."""
+    """Passes progress lines only: `workflow.setup_logging` sends them to stderr too."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return bool(getattr(record, "progress", False))

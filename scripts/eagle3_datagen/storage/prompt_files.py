@@ -1,8 +1,5 @@
-"""Prompt files as containers: which files a path names (a file, a folder, a `datasets` folder),
-of which kind, and their bytes, decompressed (.gz, .zst) a block at a time, and split into lines.
-
-`PromptFileError` is the error of a file that cannot be read as a whole. The formats inside the
-bytes (JSON lines, JSON arrays, Parquet, Arrow) are `prompt_formats`'.
+"""Prompt files as containers: which files a path names (a file, a folder, a `datasets` folder), of
+which kind, and their bytes, decompressed (.gz, .zst) a block at a time; the formats are `prompt_formats`'.
 
 May import: `settings`, `storage.prompt_rows`; never the formats or the reading pass built on it.
 """
@@ -30,10 +27,8 @@ BLOCK = 1 << 20
 
 
 def _zstd_blocks(fh):
-    """Decompressed zstd data. zstandard's stream reader ends quietly where a truncated file ends,
-    which would lose the rest of the file unnoticed; a decompression object says whether its frame
-    was complete. Frames one after another (pzstd, cat) are read on. The input goes in small pieces
-    so that a highly compressed file does not unfold into memory at once."""
+    """Decompressed zstd data, frame after frame (pzstd, cat), in small pieces. Not zstandard's stream
+    reader: it ends quietly where a truncated file ends; a decompression object says so."""
     import zstandard
 
     context = zstandard.ZstdDecompressor()
@@ -101,8 +96,7 @@ def split_lines(blocks):
 
 
 def folder_files(folder: Path) -> list[Path]:
-    """The data files of a folder: a `datasets` save_to_disk folder (state.json names them), or
-    every supported file in it, in name order."""
+    """The data files of a folder: those its `datasets` state.json names, or every supported one, by name."""
     state = folder / "state.json"
     if state.is_file():
         return _state_files(state)
@@ -115,8 +109,8 @@ def folder_files(folder: Path) -> list[Path]:
 
 
 def _state_files(state: Path) -> list[Path]:
-    """The files a `datasets` state.json names in `_data_files`; a state.json that cannot say which
-    fails the folder, since reading some other set of files would be a different data set."""
+    """The files a `datasets` state.json names; one that cannot say fails the folder (others would be
+    a different data set)."""
     try:
         data_files = json.loads(state.read_text(encoding="utf-8"))["_data_files"]
         names = [entry["filename"] for entry in data_files]

@@ -1,8 +1,5 @@
-"""Prompt file formats read into records: JSON lines, JSON arrays (streamed, however large), Parquet
-and Arrow (a record batch at a time); `iter_records` reads a file or a folder of them.
-
-A record is `(where, parsed object or None, error)`: one bad line or row is its own error, never
-the file's; only a file that cannot be read as a whole raises `PromptFileError`.
+"""Prompt file formats read into records `(where, parsed object or None, error)`: JSON lines, JSON arrays
+(streamed), Parquet and Arrow (a batch at a time). One bad line or row is its own error, never the file's.
 
 May import: `settings`, `storage.prompt_rows`, `storage.prompt_files`; never `storage.prompts`, the pass
 built on this module.
@@ -17,6 +14,18 @@ from eagle3_datagen.storage import prompt_files  # its BLOCK, read at call time 
 from eagle3_datagen.storage.prompt_files import PromptFileError, file_kind, folder_files, json_stream, split_lines
 
 
+def _loads(text: str, column: bool):
+    """(parsed object, None), or (None, why the text is not JSON that can be read)."""
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
+        return None, f"malformed JSON: {exc.msg}" + (f" at column {exc.colno}" if column else "")
+    except RecursionError:
+        return None, "JSON nested too deeply to read (past Python's recursion limit)"
+    except ValueError as exc:  # an integer of more than 4300 digits
+        return None, f"JSON that cannot be read: {exc}"
+
+
 def _iter_jsonl_lines(lines, where):
     """(where, parsed object or None, error) for each non-blank line of JSONL. The error is text for
     a line that is not JSON, or the exception nobody foresaw: one line never ends the file."""
@@ -29,17 +38,9 @@ def _iter_jsonl_lines(lines, where):
             yield where(number), None, f"not valid UTF-8: byte 0x{raw[exc.start]:02x} at column {exc.start + 1}"
             continue
         try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            yield where(number), None, f"malformed JSON: {exc.msg} at column {exc.colno}"
-        except RecursionError:
-            yield where(number), None, "JSON nested too deeply to read (past Python's recursion limit)"
-        except ValueError as exc:  # an integer of more than 4300 digits
-            yield where(number), None, f"JSON that cannot be read: {exc}"
+            yield where(number), *_loads(text, column=True)
         except Exception as exc:
             yield where(number), None, exc
-        else:
-            yield where(number), obj, None
 
 
 class _Text:
@@ -111,50 +112,45 @@ def _iter_json_array(path: Path, blocks):
     text = _Text(path, blocks)
     text.skip_space()
     text.pos += 1  # past "["
-    n = 0
-    if text.skip_space() == "]":
-        text.pos += 1
-    else:
+    n, following = 0, ","
+    if text.skip_space() == "]":  # an empty array
+        text.pos, following = text.pos + 1, "]"
+    while following == ",":
+        text.skip_space()
         while True:
-            text.skip_space()
-            while True:
-                try:
-                    obj, end = decoder.raw_decode(text.buf, text.pos)
-                    # A number whose characters run to the block's end may go on ("0" of "0.5", "1" of
-                    # "1e5"): it is decoded again with the next block.
-                    if text.eof or NUMBER_CHARS.match(text.buf, end).end() < len(text.buf):
-                        break
-                except json.JSONDecodeError as exc:
-                    if text.eof:
-                        raise PromptFileError(
-                            f"{path}: the JSON array breaks off at {text.where(exc.pos)} ({exc.msg}) after {n} "
-                            "complete elements; nothing of the file was used"
-                        ) from None
-                except (RecursionError, ValueError) as exc:  # deep nesting, an integer over 4300 digits
-                    problem = "nested too deeply to read" if isinstance(exc, RecursionError) else str(exc)
+            try:
+                obj, end = decoder.raw_decode(text.buf, text.pos)
+                # A number whose characters run to the block's end may go on ("0" of "0.5", "1" of
+                # "1e5"): it is decoded again with the next block.
+                if text.eof or NUMBER_CHARS.match(text.buf, end).end() < len(text.buf):
+                    break
+            except json.JSONDecodeError as exc:
+                if text.eof:
                     raise PromptFileError(
-                        f"{path}: element {n + 1} of the JSON array, at {text.where(text.pos)}, cannot be read "
-                        f"({problem}); an array cannot be read past it, so nothing of the file was used"
+                        f"{path}: the JSON array breaks off at {text.where(exc.pos)} ({exc.msg}) after {n} "
+                        "complete elements; nothing of the file was used"
                     ) from None
-                # Decoded again only once the unread text has doubled: an element of many blocks (a
-                # 100 MB conversation) costs a few decodes, not one per block (quadratic time).
-                unread = len(text.buf) - text.pos
-                while text.more() and len(text.buf) - text.pos < 2 * unread:
-                    pass
-            n += 1
-            yield f"{path}:{text.line_at(text.pos)}", obj, None
-            text.pos = end
-            following = text.skip_space()
-            if following == ",":
-                text.pos += 1
-                continue
-            if following == "]":
-                text.pos += 1
-                break
+            except (RecursionError, ValueError) as exc:  # deep nesting, an integer over 4300 digits
+                problem = "nested too deeply to read" if isinstance(exc, RecursionError) else str(exc)
+                raise PromptFileError(
+                    f"{path}: element {n + 1} of the JSON array, at {text.where(text.pos)}, cannot be read "
+                    f"({problem}); an array cannot be read past it, so nothing of the file was used"
+                ) from None
+            # Decoded again only once the unread text has doubled: an element of many blocks (a
+            # 100 MB conversation) costs a few decodes, not one per block (quadratic time).
+            unread = len(text.buf) - text.pos
+            while text.more() and len(text.buf) - text.pos < 2 * unread:
+                pass
+        n += 1
+        yield f"{path}:{text.line_at(text.pos)}", obj, None
+        text.pos = end
+        following = text.skip_space()
+        if following not in (",", "]"):
             raise PromptFileError(
                 f"{path}: the JSON array breaks off at {text.where(text.pos).split(' column')[0]} (expected ',' or "
                 f"']') after {n} complete elements; nothing of the file was used"
             )
+        text.pos += 1
     if text.skip_space():
         raise PromptFileError(
             f"{path}: text after the JSON array at {text.where(text.pos).split(' column')[0]}: "
@@ -182,14 +178,9 @@ def _decode_json_columns(record: dict, json_columns=JSON_COLUMNS):
     """Conversation columns stored as JSON text, parsed; an error names the field."""
     for key, value in record.items():
         if isinstance(value, str) and key in json_columns and value[:1] in ("[", "{"):
-            try:
-                record[key] = json.loads(value)
-            except json.JSONDecodeError as exc:
-                return f"field '{key}': malformed JSON: {exc.msg}"
-            except RecursionError:
-                return f"field '{key}': JSON nested too deeply to read (past Python's recursion limit)"
-            except ValueError as exc:  # an integer of more than 4300 digits
-                return f"field '{key}': JSON that cannot be read: {exc}"
+            record[key], error = _loads(value, column=False)
+            if error:
+                return f"field '{key}': {error}"
     return None
 
 
@@ -253,11 +244,9 @@ def record_batches(path: Path):
 
 
 def iter_records(path: Path, json_columns=JSON_COLUMNS):
-    """(where, parsed object or None, error) for every row of a prompt file or folder: the error is
-    text, or the exception nobody foresaw. A file that cannot be read whole is a PromptFileError.
-
-    `where` names the file and the line (JSONL, JSON arrays) or the row (Parquet, Arrow);
-    `json_columns` are the Parquet and Arrow columns parsed where they hold JSON text."""
+    """(where: file and line or row, parsed object or None, error) for every row of a prompt file or
+    folder; `json_columns`: the Parquet and Arrow columns parsed where they hold JSON text. A file
+    that cannot be read whole is a PromptFileError."""
     if path.is_dir():
         for file in folder_files(path):
             yield from iter_records(file, json_columns)

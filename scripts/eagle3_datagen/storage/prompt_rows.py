@@ -1,9 +1,7 @@
-"""One prompt row, normalized: the OpenAI and ShareGPT message shapes, their checks, the read options.
-
-Input rows hold one conversation each, in OpenAI message form (`{"id", "messages": [{"role",
-"content"}], "tools"?}`) or ShareGPT form (`"conversations"` with `from`/`value`). `normalize_row`
-turns one parsed row into a `PromptRow` or raises a `RowError` naming the field; a trailing assistant
-message is dropped: it is what gets regenerated (DESIGN §2).
+"""One prompt row, normalized: `normalize_row` turns a parsed row in OpenAI message form (`{"id",
+"messages": [{"role", "content"}], "tools"?}`) or ShareGPT form (`"conversations"` with `from`/`value`)
+into a `PromptRow`, or raises a `RowError` naming the field. A trailing assistant message is dropped:
+it is what gets regenerated (DESIGN §2).
 
 May import: `settings` only (the file readers and the reading pass build on this module).
 """
@@ -19,17 +17,9 @@ from eagle3_datagen.settings import stable_hash
 ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {
     "system": "system",
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "chatgpt": "assistant",
-    "bing": "assistant",
-    "bard": "assistant",
-    "model": "assistant",
-    "tool": "tool",
-    "function": "tool",
-    "observation": "tool",
+    **dict.fromkeys(("human", "user"), "user"),
+    **dict.fromkeys(("gpt", "assistant", "chatgpt", "bing", "bard", "model"), "assistant"),
+    **dict.fromkeys(("tool", "function", "observation"), "tool"),
 }
 
 
@@ -131,9 +121,8 @@ def _check_text(text: str, where: str) -> None:
 
 
 def _check_json(value, where: str) -> None:
-    """Refuse a value that the prompts table cannot hold as JSON text and hash: bytes, dates and
-    decimals (Parquet and Arrow rows carry them), NaN and infinities (no JSON number), lone
-    surrogates, nesting past the recursion limit. The error names the field path."""
+    """Refuse, naming the field path, a value the prompts table cannot hold as JSON text and hash: bytes,
+    dates, decimals (Parquet and Arrow carry them), NaN, infinities, lone surrogates, deep nesting."""
     try:
         # sort_keys as canonical_json does: object keys of mixed types fail here, not when hashed.
         json.dumps(value, ensure_ascii=False, allow_nan=False, sort_keys=True).encode("utf-8")
@@ -201,8 +190,7 @@ def _normalize_message(raw, index: int, sharegpt: bool) -> dict:
             raise RowError(f"{where}.role", f"unknown role {short_repr(role)} (expected one of {', '.join(ROLES)})")
         message = {k: v for k, v in raw.items() if k in ("role", "content", *CARRIED)}
         content_field = f"{where}.content"
-    role = message["role"]
-    text = _content_text(message.get("content"), content_field)
+    role, text = message["role"], _content_text(message.get("content"), content_field)
     message["content"] = text
     for key in CARRIED:
         if key in message:
@@ -249,12 +237,8 @@ def normalize_row(obj, *, source: str, options: ReadOptions | None = None) -> Pr
     if options.messages_field:
         key = options.messages_field
         raw_messages = obj.get(key)
-        sharegpt = (
-            isinstance(raw_messages, list)
-            and bool(raw_messages)
-            and isinstance(raw_messages[0], dict)
-            and "from" in raw_messages[0]
-        )
+        first = raw_messages[0] if isinstance(raw_messages, list) and raw_messages else None
+        sharegpt = isinstance(first, dict) and "from" in first
     else:
         sharegpt = "messages" not in obj and "conversations" in obj
         key = "conversations" if sharegpt else "messages"
@@ -286,11 +270,8 @@ def normalize_row(obj, *, source: str, options: ReadOptions | None = None) -> Pr
         row.dropped_assistant = True
     if not messages or messages[-1]["role"] not in ("user", "tool"):
         raise RowError(key, "nothing to answer: the conversation must end with a user or tool message")
-    row.messages = messages
-    row.tools = tools
-    first = next((i for i, m in enumerate(messages) if is_empty(m)), None)
-    if first is not None:
-        row.empty = (first, fields[id(messages[first])])
+    row.messages, row.tools = messages, tools
+    row.empty = next(((i, fields[id(m)]) for i, m in enumerate(messages) if is_empty(m)), None)
     return row
 
 
@@ -300,10 +281,8 @@ def is_empty(message: dict) -> bool:
 
 
 def empty_message(messages: list[dict], start: int = 0) -> str | None:
-    """Why `messages[start:]` cannot be a history: the first empty message in it, or None.
-
-    Real conversations hold them (0.4% of ShareGPT: a turn never written, an answer lost), and one
-    ends a conversation there: the turns before it are made, the later ones are skipped rows."""
+    """Why `messages[start:]` cannot be a history: the first empty message in it (0.4% of ShareGPT), or
+    None. The conversation ends there: the turns before it are made, the later ones are skipped rows."""
     for i in range(start, len(messages)):
         if is_empty(messages[i]):
             return f"message {i} of the conversation ({messages[i]['role']}) is empty"
@@ -311,9 +290,8 @@ def empty_message(messages: list[dict], start: int = 0) -> str | None:
 
 
 def _content_id(obj: dict) -> str:
-    """The id of a row without one: the hash of its canonical JSON. Values JSON has no form for
-    (a Parquet timestamp, bytes) count by their repr, and invalid Unicode as it is: a column the
-    row does not use must not make it unusable."""
+    """The id of a row without one: the hash of its canonical JSON; values JSON has no form for count by
+    their repr, and invalid Unicode as it is (a column the row does not use must not make it unusable)."""
     try:
         return "sha256-" + stable_hash(obj)[:16]
     except (TypeError, ValueError, RecursionError):  # UnicodeEncodeError is a ValueError

@@ -1,9 +1,7 @@
 """Read prompt files into normalized conversations; every bad row becomes a reason, never an exception.
 
-`iter_prompts` is the reading pass over one category's prompt file or folder: each record
-(`prompt_formats.iter_records`) is normalized (`prompt_rows.normalize_row`), then sampled, limited
-(`max_rows`), checked for duplicate ids and deduplicated. `prompt_extent` sizes the input ahead, so
-that the pass can say how far it is.
+`iter_prompts` normalizes each record of a category's prompt file or folder, then samples, limits
+(`max_rows`), checks for duplicate ids and deduplicates; `prompt_extent` sizes the input ahead.
 
 May import: `settings`, `storage.prompt_rows`, `storage.prompt_files`, `storage.prompt_formats`.
 """
@@ -27,15 +25,6 @@ def without_source(reason: str) -> str:
     return re.sub(r"^\S+?:(row )?\d+: ", "", reason)
 
 
-def _sampled(position: int, options: ReadOptions) -> str | None:
-    """Why a row is left out by max_rows or sample_fraction (a seeded, stable draw per row), or None."""
-    if options.sample_fraction is not None:
-        draw = int(stable_hash([options.seed, position])[:12], 16) / 16**12
-        if draw >= options.sample_fraction:
-            return f"not in the sample (sample_fraction {options.sample_fraction}, seed {options.seed})"
-    return None
-
-
 def _given_id(obj, options: ReadOptions, fallback: str) -> str:
     """The id a row that is not used goes by in its record: its own, if it has a usable one."""
     raw_id = obj.get(options.id_field) if isinstance(obj, dict) else None
@@ -56,23 +45,18 @@ def read_prompts(path: str | Path, options: ReadOptions | None = None) -> list[P
 
 
 def iter_prompts(path: str | Path, options: ReadOptions | None = None) -> Iterator[PromptRow]:
-    """Every row of a prompt file, in file order, read as it goes; unusable rows (those left out by
-    `sample_fraction` or `max_rows` too) carry a reason naming file, line, field. Only ids and content
-    hashes are remembered, for duplicates and dedup.
-
-    One guard makes whatever goes wrong with one row that row's reason: a RowError as foreseen, any
-    other exception as an `unexpected` row (a possible bug, counted and limited by the tokenize step),
-    its traceback logged. Only a PromptFileError (a file that cannot be read as a whole) or a missing
-    path ends the reading."""
+    """Every row of a prompt file, in file order, streamed; unusable rows (sampled out too) carry a reason
+    naming file, line, field. Whatever goes wrong with one row is its reason (an exception nobody
+    foresaw: an `unexpected` row, its traceback logged); only a PromptFileError or a missing path ends
+    the reading."""
     options = options or ReadOptions()
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"prompts file {path} does not exist")
     rows = _Rows(options)
     json_columns = tuple(dict.fromkeys([*JSON_COLUMNS, *([options.messages_field] if options.messages_field else [])]))
-    n = 0
+    position_index = -1
     for position_index, (source, obj, error) in enumerate(iter_records(path, json_columns)):
-        n += 1
         try:
             row = rows.row(position_index, source, obj, error)
         except Exception as exc:  # the one guard: nothing about one row ends the file
@@ -80,16 +64,14 @@ def iter_prompts(path: str | Path, options: ReadOptions | None = None) -> Iterat
         if row.reason is not None and not valid_text(row.reason):  # a value quoted from the row
             row.reason = row.reason.encode("utf-8", "backslashreplace").decode("utf-8")
         yield row
-    if not n:
+    if position_index < 0:
         raise PromptFileError(f"prompts file {path} is empty: it holds no rows")
 
 
 @dataclass(frozen=True)
 class Extent:
-    """How much a prompt file or folder holds, found without parsing it. `rows`: its records (JSON
-    lines: the non-blank lines; Parquet and Arrow: their metadata), or None where any file is a JSON
-    array (counting its elements would parse it). `places`: each file's lines (JSON) or rows (Parquet,
-    Arrow) in reading order, by which a record's `source` ("f.json:120") says how far the pass is."""
+    """How much a prompt file or folder holds, found without parsing it: `rows`, its records (None where
+    a file is a JSON array), and `places`, each file's lines or rows in reading order."""
 
     rows: int | None
     places: dict[str, int]
@@ -109,9 +91,8 @@ UNKNOWN_EXTENT = Extent(None, {})
 
 
 def prompt_extent(path: str | Path) -> Extent:
-    """How many records (or lines) the prompt file or folder `path` holds, read ahead in one pass
-    over its bytes (JSON) or its metadata (Parquet, Arrow), never parsed. A file that cannot be read
-    has no extent: the reading pass says what is wrong with it."""
+    """The `Extent` of a prompt file or folder, from its bytes (JSON) or metadata (Parquet, Arrow); a file
+    that cannot be read has none: the reading pass says what is wrong with it."""
     path = Path(path)
     try:
         rows: int | None = 0
@@ -131,7 +112,10 @@ def _file_extent(path: Path) -> tuple[int | None, int]:
     """(records or None, lines or rows) of one prompt file, as `iter_records` would read it."""
     kind = file_kind(path)
     if kind == "columnar":
-        rows = _columnar_rows(path)
+        import pyarrow.parquet as pq
+
+        parquet = path.suffix == ".parquet"
+        rows = pq.read_metadata(path).num_rows if parquet else sum(b.num_rows for b in record_batches(path))
         return rows, rows
     if kind != "json":
         raise PromptFileError(f"{path}: unknown prompt file type")
@@ -145,17 +129,8 @@ def _file_extent(path: Path) -> tuple[int | None, int]:
     return records, lines
 
 
-def _columnar_rows(path: Path) -> int:
-    import pyarrow.parquet as pq
-
-    if path.suffix == ".parquet":
-        return pq.read_metadata(path).num_rows
-    return sum(batch.num_rows for batch in record_batches(path))
-
-
 class _Rows:
-    """One pass over a prompt file: each record to its PromptRow, with what the pass remembers
-    (rows taken for max_rows, ids for duplicates, content hashes for dedup)."""
+    """One pass over a prompt file: each record to its PromptRow, remembering rows taken, ids and hashes."""
 
     def __init__(self, options: ReadOptions):
         self.options = options
@@ -166,8 +141,10 @@ class _Rows:
     def row(self, position_index: int, source: str, obj, error) -> PromptRow:
         options = self.options
         fallback_id = _fallback_id(source)
-        left_out = _sampled(position_index, options)
-        if left_out is None and options.max_rows is not None and self.taken >= options.max_rows:
+        fraction, left_out = options.sample_fraction, None  # the sample: a seeded, stable draw per row
+        if fraction is not None and int(stable_hash([options.seed, position_index])[:12], 16) / 16**12 >= fraction:
+            left_out = f"not in the sample (sample_fraction {fraction}, seed {options.seed})"
+        elif options.max_rows is not None and self.taken >= options.max_rows:
             left_out = f"past max_rows {options.max_rows}"
         if left_out is not None:
             return PromptRow(id=_given_id(obj, options, fallback_id), source=source, reason=f"{source}: {left_out}")
@@ -204,8 +181,7 @@ def _unexpected_row(source: str, obj, exc: Exception, options: ReadOptions) -> P
         error = f"{type(exc).__name__}: {exc}"
     except Exception:
         error = type(exc).__name__
-    if len(error) > 300:
-        error = error[:300] + "..."
+    error = error[:300] + "..." if len(error) > 300 else error
     return PromptRow(
         id=row_id,
         source=source,

@@ -1,9 +1,5 @@
-"""Parquet tables of the pipeline, with explicit Arrow schemas and run-level provenance in the metadata.
-
-Token ids are `list<int32>` everywhere, so that what a file holds is exactly what was generated.
-Steps read and write tables in bounded batches (`Batching`): a category of any size streams through
-a step's memory a batch at a time, never whole.
-"""
+"""Parquet tables of the pipeline: explicit Arrow schemas (token ids `list<int32>`), run provenance in
+the metadata, read and written in bounded batches (`Batching`) so that no category is ever held whole."""
 
 import json
 from collections.abc import Iterable, Iterator
@@ -83,9 +79,8 @@ PROVENANCE_KEY = b"eagle3_datagen.provenance"
 
 @dataclass(frozen=True)
 class Batching:
-    """How many rows a step holds at once: at most `rows` rows and (beyond the first row) `tokens`
-    token ids. Every step reads, checks and writes a category in such batches, so its memory is
-    bounded by the batch, not by the category (config `batch`)."""
+    """How many rows a step holds at once (config `batch`): at most `rows` rows and (beyond the first
+    row) `tokens` token ids."""
 
     rows: int = 1024
     tokens: int = 2_000_000
@@ -100,35 +95,23 @@ class Batching:
 DEFAULT_BATCHING = Batching()
 
 
-def _token_counts(batch: pa.RecordBatch) -> np.ndarray:
-    """Token ids per row of a record batch, over its list columns."""
-    counts = np.zeros(batch.num_rows, dtype=np.int64)
-    for column in batch.columns:
-        if pa.types.is_list(column.type):
-            counts += pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
-    return counts
-
-
-def _slices(batch: pa.RecordBatch, batching: Batching):
-    """Split a record batch into consecutive slices of at most `batching.tokens` ids (one row at least)."""
-    counts = _token_counts(batch)
-    start, tokens = 0, 0
-    for i, n in enumerate(counts):
-        if i > start and tokens + n > batching.tokens:
-            yield batch.slice(start, i - start)
-            start, tokens = i, 0
-        tokens += n
-    if start < batch.num_rows:
-        yield batch.slice(start, batch.num_rows - start)
-
-
 def iter_record_batches(
     path: str | Path, batching: Batching = DEFAULT_BATCHING, columns: list[str] | None = None
 ) -> Iterator[pa.RecordBatch]:
-    """A table's rows as Arrow record batches, in order, each within `batching`."""
-    pf = pq.ParquetFile(path)
-    for batch in pf.iter_batches(batch_size=batching.rows, columns=columns):
-        yield from _slices(batch, batching)
+    """A table's rows as Arrow record batches, in order, each within `batching` (one row at least)."""
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=batching.rows, columns=columns):
+        counts = np.zeros(batch.num_rows, dtype=np.int64)  # token ids per row, over the list columns
+        for column in batch.columns:
+            if pa.types.is_list(column.type):
+                counts += pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+        start, tokens = 0, 0
+        for i, n in enumerate(counts):
+            if i > start and tokens + n > batching.tokens:
+                yield batch.slice(start, i - start)
+                start, tokens = i, 0
+            tokens += n
+        if start < batch.num_rows:
+            yield batch.slice(start, batch.num_rows - start)
 
 
 def iter_batches(
@@ -149,9 +132,7 @@ def iter_rows(
 
 def logged(batches: Iterable, total: int, label: str, interval_s: float = INTERVAL_S) -> Iterator:
     """The batches (lists, or pairs of lists) as they come, with progress lines (`progress.Progress`,
-    logger `label`): one at the start, then about every `interval_s` with counts, percent, rate and
-    ETA, and one at the end. A step that takes an hour on a large category says how far it is, in its
-    log and in Snakemake's terminal (`workflow.setup_logging`)."""
+    logger `label`): a step that takes an hour says how far it is."""
     progress = Progress(label, total, interval_s=interval_s)
     progress.start()
     for batch in batches:
@@ -166,8 +147,7 @@ def count_rows(path: str | Path) -> int:
 
 class TableWriter(WholeFile):
     """Rows written to Parquet a batch at a time, whole or not at all (`disk.WholeFile`), with the
-    provenance added at the end, when all of it is known: a killed or failed job never leaves a half
-    table."""
+    provenance added at the end, when all of it is known."""
 
     what = "table"
     advice = "nothing of it is kept; free space on {mount}, then rerun"
@@ -186,14 +166,11 @@ class TableWriter(WholeFile):
 
     def write(self, rows: Iterable[dict]) -> None:
         for row in rows:
-            self.write_row(row)
-
-    def write_row(self, row: dict) -> None:
-        self._buffer.append(row)
-        self._buffered_tokens += sum(len(row.get(name) or ()) for name in self._list_columns)
-        self.rows += 1
-        if len(self._buffer) >= self.batching.rows or self._buffered_tokens >= self.batching.tokens:
-            self.flush()
+            self._buffer.append(row)
+            self._buffered_tokens += sum(len(row.get(name) or ()) for name in self._list_columns)
+            self.rows += 1
+            if len(self._buffer) >= self.batching.rows or self._buffered_tokens >= self.batching.tokens:
+                self.flush()
 
     def write_arrow(self, table: pa.Table) -> None:
         """Rows that are already Arrow (a slice of another table of this schema), as they are."""
@@ -217,7 +194,7 @@ class TableWriter(WholeFile):
 
 
 def write_table(rows: list[dict], schema: pa.Schema, path: str | Path, provenance: dict | None = None) -> None:
-    """Write rows atomically (temp file, then rename) so a killed job never leaves a half file."""
+    """Write rows whole or not at all (`TableWriter`)."""
     with TableWriter(path, schema) as writer:
         writer.write(rows)
         writer.close(provenance)

@@ -1,16 +1,11 @@
 """What SGLang's OpenAI chat layer makes of an answer: the assistant message a deployed model's
 history holds (`reasoning_content`, `content`, `tool_calls`).
 
-Two steps use it: `check_parsers` (would the chat route give back the same tokens?) and the turns of
-a conversation (`turns`: the next turn's history holds the model's own answer as a chat layer would
-have put it there). Text is only ever used to build messages; token ids come from the server.
-
-1. decode `output_ids` as `serving_chat` does: a trailing stop id is trimmed when `finish_type` is
-   `stop`; `skip_special_tokens=True` unless the row has tools (then False);
-2. run the profile's reasoning parser with the chat layer's forcing (`parsers.chat_force_reasoning`),
-   then, for rows with tools, the tool-call parser (`parsers.parse_tool_calls`);
-3. build the assistant message, with tool-call ids as the parser names them (Kimi:
-   `functions.{name}:{calls in the history + index}`) and the arguments as the parser's raw JSON text.
+Used by `check_parsers` (would the chat route give back the same tokens?) and by `turns` (the next
+turn's history holds the model's answer as a chat layer would have put it). Text only builds messages;
+token ids come from the server. As `serving_chat`: decode (a trailing stop id trimmed on `stop`; special
+tokens skipped unless the row has tools), run the reasoning parser with the chat layer's forcing, then,
+with tools, the tool-call parser, and name the calls as the parser does.
 """
 
 from __future__ import annotations
@@ -20,13 +15,6 @@ from eagle3_datagen.tokens import parsers
 from eagle3_datagen.tokens.templating import ChatTokenizer
 from eagle3_datagen.tokens.token_facts import stop_set
 from eagle3_datagen.tokens.vocabulary import batch_decode, token_id
-
-
-def _template_text(tokenizer) -> str | None:
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):
-        return "\n".join(str(t) for t in template.values())
-    return template
 
 
 class ChatLayer:
@@ -46,12 +34,11 @@ class ChatLayer:
             self.think_end_id = None
         self.reasoning_parser = profile.reasoning_parser
         self.tool_parser = profile.tool_call_parser
-        self.force = (
-            parsers.chat_force_reasoning(
-                self.reasoning_parser, self.version, profile.chat_template_kwargs, _template_text(tokenizer)
-            )
-            if self.reasoning_parser
-            else False
+        template = getattr(tokenizer, "chat_template", None)
+        if isinstance(template, dict):
+            template = "\n".join(str(t) for t in template.values())
+        self.force = bool(self.reasoning_parser) and parsers.chat_force_reasoning(
+            self.reasoning_parser, self.version, profile.chat_template_kwargs, template
         )
 
     def trimmed(self, output_ids: list[int], finish_type: str) -> list[int]:
@@ -65,11 +52,9 @@ class ChatLayer:
         texts: list[str] = [""] * len(outputs)
         for skip in (True, False):
             idx = [i for i, t in enumerate(has_tools) if t != skip]
-            if idx:
-                for i, text in zip(
-                    idx, batch_decode(self.tokenizer, [trimmed[i] for i in idx], skip_special_tokens=skip)
-                ):
-                    texts[i] = text
+            decoded = batch_decode(self.tokenizer, [trimmed[i] for i in idx], skip_special_tokens=skip) if idx else []
+            for i, text in zip(idx, decoded):
+                texts[i] = text
         return texts
 
     def assistant_message(self, text: str, tools, history: list[dict]) -> tuple[dict, str]:

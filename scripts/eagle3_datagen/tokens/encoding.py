@@ -1,6 +1,5 @@
-"""Text to ids outside the chat template: spans that spell a control token (`ControlText`), text
-encoded with no added-token matching (`TextOnlyEncoder`), and a TikToken tokenizer's fast path
-(`TiktokenPath`).
+"""Text to ids outside the chat template: control-token spans, text encoded with no added-token
+matching, and a TikToken tokenizer's fast path.
 
 May import: `settings`, `tokens.vocabulary`.
 """
@@ -24,44 +23,18 @@ class ControlText:
     """Finds spans of text that spell one of the tokenizer's special or added (control) tokens."""
 
     def __init__(self, tokenizer):
-        strings = control_strings(tokenizer)
-        self._by_first: dict[str, list[str]] = {}
-        for s in sorted(strings, key=len, reverse=True):  # longest match wins
-            self._by_first.setdefault(s[0], []).append(s)
-        self._lengths = {c: sorted({len(s) for s in group}, reverse=True) for c, group in self._by_first.items()}
-        self._sets = {c: set(group) for c, group in self._by_first.items()}
-        self._first_re = (
-            re.compile("[" + "".join(re.escape(c) for c in self._by_first) + "]") if self._by_first else None
-        )
+        # Longest first: at each place the longest control string that matches wins.
+        strings = sorted(control_strings(tokenizer), key=len, reverse=True)
+        self.pattern = re.compile("|".join(map(re.escape, strings))) if strings else None
 
     def spans(self, text: str) -> list[tuple[int, int]]:
-        if self._first_re is None or not text:
-            return []
-        found = []
-        pos = 0
-        while True:
-            m = self._first_re.search(text, pos)
-            if m is None:
-                return found
-            start = m.start()
-            first = text[start]
-            for length in self._lengths[first]:
-                if text[start : start + length] in self._sets[first]:
-                    found.append((start, start + length))
-                    pos = start + length
-                    break
-            else:
-                pos = start + 1
+        return [m.span() for m in self.pattern.finditer(text)] if self.pattern else []
 
 
 class TextOnlyEncoder:
     """Encodes text with no added- or special-token matching: what a control string typed by a user becomes.
-
-    Fast tokenizers: the path the tokenizer takes for any text between added tokens (normalizer,
-    pre-tokenizer, model) run on the whole string, so no added token can match inside it. TikToken
-    tokenizers: the Encoding's ordinary encoding with special tokens disallowed as specials (what Kimi's
-    `encode(text, allow_special_tokens=False)` gives).
-    """
+    Fast tokenizers: the normalizer, pre-tokenizer and model run on the whole string; TikToken ones: the
+    Encoding's ordinary encoding (Kimi's `encode(text, allow_special_tokens=False)`)."""
 
     def __init__(self, tokenizer):
         backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -70,32 +43,25 @@ class TextOnlyEncoder:
             raise NotImplementedError(
                 f"literal control text needs a fast tokenizer (tokenizer.json) or a TikToken one; {type(tokenizer).__name__} is neither"
             )
-        if backend is not None:
-            self._normalizer = backend.normalizer
-            self._pre_tokenizer = backend.pre_tokenizer
-            self._model = backend.model
+        self._backend = backend
 
     def encode(self, text: str) -> list[int]:
         if self._tiktoken is not None:
             return self._tiktoken.encode(text, disallowed_special=())
-        if self._normalizer is not None:
-            text = self._normalizer.normalize_str(text)
-        pieces = self._pre_tokenizer.pre_tokenize_str(text) if self._pre_tokenizer is not None else [(text, None)]
-        return [token.id for piece, _ in pieces for token in self._model.tokenize(piece)]
+        backend = self._backend
+        if backend.normalizer is not None:
+            text = backend.normalizer.normalize_str(text)
+        pieces = backend.pre_tokenizer.pre_tokenize_str(text) if backend.pre_tokenizer is not None else [(text, None)]
+        return [token.id for piece, _ in pieces for token in backend.model.tokenize(piece)]
 
 
 class TiktokenPath:
     """The ids of a slow TikToken tokenizer's own path, at the speed of its own `encode`.
 
-    transformers' slow `encode(text, add_special_tokens=False)` (what `apply_chat_template` calls) splits
-    the text on the added tokens and tokenizes each piece between them with `_tokenize`, which for a
-    TikToken tokenizer is its own `encode(piece)` mapped to token strings and back. When every added
-    token is also a special token of the Encoding, with the same id, the tokenizer's `encode(text)`
-    splits at the same places by itself: it gives the same ids for the whole text at once, five times
-    faster than the split (a Python trie) and the per-piece calls. The one exception is chunking
-    inside `encode`: Kimi's cuts runs of over 25,000 whitespace or non-whitespace characters (and
-    calls of over 400,000), and a cut may fall elsewhere for the whole text than for its pieces, so
-    texts longer than that take the split path.
+    transformers' slow `encode(text, add_special_tokens=False)` splits the text on the added tokens
+    and encodes each piece. When every added token is a special token of the Encoding with the same
+    id, `encode(text)` splits at the same places by itself, five times faster. Only its chunking
+    differs (Kimi's cuts runs of over 25,000 characters), so longer texts take the split path.
     """
 
     CHUNKING_FREE_CHARS = 25_000

@@ -1,36 +1,20 @@
 """SGLang's reasoning and tool-call parsers, re-implemented in plain Python, per SGLang version.
 
-The OpenAI chat layer of SGLang (`serving_chat.py`) turns the generated text into a message with
-`reasoning_content`, `content` and `tool_calls`. `check_parsers` replays that route offline, so the
-semantics here follow SGLang's source exactly (non-streaming paths only), version by version:
-
-Reasoning parsers (`srt/parser/reasoning_parser.py`, `BaseReasoningFormatDetector.detect_and_parse`):
-- 0.5.6–0.5.8: `kimi_k2` is `DeepSeekR1Detector` (always forced, no tool-start awareness); the text
-  has every `<think>` removed and is `.strip()`ped; the normal text after `</think>` is stripped too.
-- 0.5.10–0.5.12: `kimi_k2` is `KimiK2Detector` (force off by default, `<|tool_calls_section_begin|>`
-  ends the reasoning when `</think>` is missing); still strips, removes every `<think>`, and strips the
-  reasoning before a tool-section cut.
-- 0.5.13–0.5.23: no stripping; only leading `<think>` tags are removed. `qwen3` learns
-  `tool_start_token="<tool_call>"` in 0.5.14.
-- 0.5.9 maps `kimi_k2` to `Qwen3Detector` and is not modelled; versions outside the ranges above
-  are refused rather than guessed.
-
-Tool-call parsers (`srt/function_call/kimik2_detector.py`, `qwen25_detector.py`,
-`function_call_parser.FunctionCallParser.parse_non_stream`):
-- `kimi_k2`: normal text is the text before `<|tool_calls_section_begin|>`; everything after it that
-  is not a complete call (including `<|tool_calls_section_end|>` and any trailing text) is dropped.
-  The call regex has no DOTALL up to 0.5.8 (multi-line arguments give no call), its id pattern is
-  `[\\w\\.]+:\\d+` up to 0.5.9, `[\\w.\\-]+:\\d+` in 0.5.10–0.5.11 and `[^\\s<|]+` (with bare-counter
-  ids and name inference) from 0.5.12. `tool_index` is the model's `:N` up to 0.5.14 and the call's
-  position in the response from 0.5.15.
-- `qwen25`: `<tool_call>\\n{json}\\n</tool_call>` blocks; normal text is the stripped text before the
-  first block; arguments are re-serialized with `json.dumps(..., ensure_ascii=False)`; calls to
-  undeclared tools are skipped; `tool_index` is the tool's position in the request's tools.
-- The chat-layer wrapper returns the full text (no calls) when the detector finds no call, up to
-  0.5.15; from 0.5.16 it returns the detector's normal text whenever a section marker is present,
-  so an unparsable or truncated section is dropped.
-
-Versions are tuples, e.g. `(0, 5, 23)`; `parse_version("0.5.23.post1")` gives `(0, 5, 23)`.
+`check_parsers` replays SGLang's OpenAI chat layer (`serving_chat.py`: the text to `reasoning_content`,
+`content`, `tool_calls`) offline, so these follow SGLang's source (non-streaming paths) version by
+version: `srt/parser/reasoning_parser.py`, `srt/function_call/kimik2_detector.py`, `qwen25_detector.py`
+and `function_call_parser.FunctionCallParser.parse_non_stream`. Where they differ by version:
+- reasoning: up to 0.5.12 every `<think>` is removed and the texts are stripped; from 0.5.13 only
+  leading `<think>` tags go. `kimi_k2` is `DeepSeekR1Detector` (always forced) up to 0.5.8 and
+  `KimiK2Detector` (`<|tool_calls_section_begin|>` ends the reasoning) from 0.5.10; 0.5.9 maps it to
+  `Qwen3Detector` and is not modelled. `qwen3` learns `tool_start_token="<tool_call>"` in 0.5.14.
+- `kimi_k2` tool calls: the normal text is the text before the section; the call regex, its id
+  pattern and name inference change in 0.5.9, 0.5.10 and 0.5.12 (`_kimi_regexes`); `tool_index` is the
+  model's `:N` up to 0.5.14 and the call's position from 0.5.15.
+- `qwen25`: normal text is the stripped text before the first block, arguments re-serialized, calls to
+  undeclared tools skipped; `tool_index` is the tool's position in the request's tools.
+- No call found: the full text up to 0.5.15, the detector's normal text from 0.5.16.
+Versions outside the modelled ranges are refused rather than guessed.
 """
 
 from __future__ import annotations
@@ -44,7 +28,6 @@ Version = tuple[int, int, int]
 THINK_START = "<think>"
 THINK_END = "</think>"
 KIMI_SECTION_BEGIN = "<|tool_calls_section_begin|>"
-KIMI_SECTION_END = "<|tool_calls_section_end|>"
 QWEN_TOOL_START = "<tool_call>"
 
 REASONING_PARSERS = ("kimi_k2", "qwen3", "qwen3-thinking", "deepseek-r1")
@@ -79,49 +62,34 @@ def parse_version(version: str | tuple) -> Version:
     return v
 
 
-# --------------------------------------------------------------------------------------
-# Reasoning
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _ReasoningSpec:
-    always_forced: bool  # the detector ignores force_reasoning and is always in reasoning
-    tool_start: str | None
-
-
-def _reasoning_spec(parser: str, v: Version) -> _ReasoningSpec:
-    if parser == "deepseek-r1":
-        return _ReasoningSpec(True, None)
+def _reasoning_spec(parser: str, v: Version) -> tuple[bool, str | None]:
+    """(whether the detector ignores force_reasoning and is always in reasoning, its tool-start token)."""
+    if parser == "deepseek-r1" or (parser == "kimi_k2" and v <= (0, 5, 8)):  # 0.5.8's Kimi: DeepSeekR1Detector
+        return True, None
     if parser == "kimi_k2":
-        if v <= (0, 5, 8):
-            return _ReasoningSpec(True, None)  # DeepSeekR1Detector
-        return _ReasoningSpec(False, KIMI_SECTION_BEGIN)  # KimiK2Detector
+        return False, KIMI_SECTION_BEGIN  # KimiK2Detector
     if parser in ("qwen3", "qwen3-thinking"):
-        return _ReasoningSpec(False, QWEN_TOOL_START if v >= (0, 5, 14) else None)
-    raise ValueError(f"unknown reasoning parser {parser!r}; known: {', '.join(REASONING_PARSERS)}")
+        return False, QWEN_TOOL_START if v >= (0, 5, 14) else None
+    raise _unknown("reasoning", parser)
+
+
+def _unknown(kind: str, parser: str) -> ValueError:
+    known = REASONING_PARSERS if kind == "reasoning" else TOOL_CALL_PARSERS
+    return ValueError(f"unknown {kind} parser {parser!r}; known: {', '.join(known)}")
 
 
 def parse_reasoning(text: str, *, parser: str, version, force_reasoning: bool | None = None) -> tuple[str, str]:
-    """`ReasoningParser(parser, stream_reasoning=False, force_reasoning=...).parse_non_stream(text)`.
-
-    `force_reasoning=None` is the parser's own default (what `/separate_reasoning` uses);
-    `qwen3-thinking` is always forced, as `ReasoningParser.__init__` does.
-    Returns `(reasoning_text, normal_text)`, both strings ("" where SGLang has None/empty).
-    """
+    """`ReasoningParser(parser, stream_reasoning=False, force_reasoning=...).parse_non_stream(text)` as
+    `(reasoning_text, normal_text)` ("" where SGLang has None); `force_reasoning=None`: the parser's own."""
     v = parse_version(version)
-    spec = _reasoning_spec(parser, v)
-    if parser == "qwen3-thinking":
-        force_reasoning = True
-    forced = spec.always_forced or bool(force_reasoning)
-    in_reasoning = forced or THINK_START in text
-    if not in_reasoning:
+    always_forced, tool_start = _reasoning_spec(parser, v)
+    if not (always_forced or force_reasoning or parser == "qwen3-thinking" or THINK_START in text):
         return "", text
     if v <= (0, 5, 12):
         processed = text.replace(THINK_START, "").strip()
         if THINK_END not in processed:
-            if spec.tool_start is not None and spec.tool_start in processed:
-                idx = processed.find(spec.tool_start)
+            if tool_start is not None and tool_start in processed:
+                idx = processed.find(tool_start)
                 return processed[:idx].strip(), processed[idx:]
             return processed, ""
         reasoning, normal = processed.split(THINK_END, 1)
@@ -130,7 +98,7 @@ def parse_reasoning(text: str, *, parser: str, version, force_reasoning: bool | 
     while processed.startswith(THINK_START):
         processed = processed[len(THINK_START) :]
     if THINK_END not in processed:
-        idx = processed.find(spec.tool_start) if spec.tool_start else -1
+        idx = processed.find(tool_start) if tool_start else -1
         if idx != -1:
             return processed[:idx], processed[idx:]
         return processed, ""  # truncated before the end token: all reasoning
@@ -141,17 +109,9 @@ def parse_reasoning(text: str, *, parser: str, version, force_reasoning: bool | 
 def chat_force_reasoning(
     parser: str, version, chat_template_kwargs: dict | None, chat_template: str | None = None
 ) -> bool:
-    """The `force_reasoning` that `serving_chat` passes to the reasoning parser for a request.
-
-    `template_manager.force_reasoning or _get_reasoning_from_request(request)`:
-    - a template with the forced-thinking generation prompt (`<|im_start|>assistant\\n<think>\\n`,
-      and, from 0.5.13, no `thinking`/`enable_thinking` toggle) forces reasoning;
-    - `kimi_k2`: on unless `chat_template_kwargs.thinking is False` (the K2.5 template's toggle,
-      or the detector's `reasoning_default="thinking"`; 0.5.8 returns True outright);
-    - `qwen3`/`qwen3-thinking`: on unless `enable_thinking` is false (0.5.8: on only if the kwargs
-      are empty or `enable_thinking` is exactly True);
-    - `deepseek-r1`: the detector is forced regardless.
-    """
+    """The `force_reasoning` that `serving_chat` passes to the reasoning parser for a request:
+    `template_manager.force_reasoning` (a template whose generation prompt opens `<think>`, from 0.5.13
+    only without a thinking toggle) or `_get_reasoning_from_request(request)` (the kwargs' toggle)."""
     v = parse_version(version)
     kwargs = chat_template_kwargs or {}
     if chat_template and re.search(r"<\|im_start\|>assistant\\n<think>\\n", chat_template):
@@ -165,12 +125,7 @@ def chat_force_reasoning(
         return kwargs.get("enable_thinking") is not False
     if parser == "deepseek-r1":
         return True
-    raise ValueError(f"unknown reasoning parser {parser!r}; known: {', '.join(REASONING_PARSERS)}")
-
-
-# --------------------------------------------------------------------------------------
-# Tool calls
-# --------------------------------------------------------------------------------------
+    raise _unknown("reasoning", parser)
 
 
 @dataclass(frozen=True)
@@ -186,35 +141,24 @@ class ToolParseError(Exception):
 
 
 def _tool_names(tools) -> list[str]:
-    names = []
-    for t in tools or []:
-        fn = t.get("function", t) if isinstance(t, dict) else {}
-        names.append(fn.get("name"))
-    return names
+    return [(t.get("function", t) if isinstance(t, dict) else {}).get("name") for t in tools or []]
 
 
 def _tool_properties(tool: dict, descend: bool) -> set:
-    fn = tool.get("function", tool)
-    params = fn.get("parameters") or {}
+    params = tool.get("function", tool).get("parameters") or {}
     if not descend:
         return set((params.get("properties") or {}).keys()) if isinstance(params, dict) else set()
-    return set(_schema_properties(params).keys())
+    return _schema_properties(params)
 
 
-def _schema_properties(schema) -> dict:
+def _schema_properties(schema) -> set:
+    """The property names of a JSON schema, or of its anyOf/oneOf/allOf branches."""
     if not isinstance(schema, dict):
-        return {}
-    props = schema.get("properties")
-    if isinstance(props, dict):
-        return props
-    merged: dict = {}
-    for key in ("anyOf", "oneOf", "allOf"):
-        branches = schema.get(key)
-        if isinstance(branches, list):
-            for branch in branches:
-                for k, val in _schema_properties(branch).items():
-                    merged.setdefault(k, val)
-    return merged
+        return set()
+    if isinstance(schema.get("properties"), dict):
+        return set(schema["properties"])
+    branches = [b for key in ("anyOf", "oneOf", "allOf") if isinstance(schema.get(key), list) for b in schema[key]]
+    return set().union(*map(_schema_properties, branches))
 
 
 def _kimi_regexes(v: Version):
@@ -231,9 +175,6 @@ def _kimi_regexes(v: Version):
         flags,
     )
     return call, re.compile(r"^(?:functions\.)?(?P<name>" + name + r"):(?P<index>\d+)$")
-
-
-_COUNTER_RE = re.compile(r"^\d+$")
 
 
 def _kimi_infer_name(tools, args: str, v: Version) -> str | None:
@@ -269,7 +210,7 @@ def _kimi_detect(text: str, tools, v: Version) -> tuple[str, list[ToolCall]]:
             m = id_re.match(call_id)
             if m:
                 name, index = m.group("name"), int(m.group("index"))
-            elif v >= (0, 5, 12) and _COUNTER_RE.match(call_id):
+            elif v >= (0, 5, 12) and call_id.isdecimal():  # SGLang's ^\d+$
                 name, index = _kimi_infer_name(tools, args, v), int(call_id)
             else:
                 continue
@@ -309,15 +250,13 @@ def _qwen25_detect(text: str, tools) -> tuple[str, list[ToolCall]]:
 
 
 def detect_and_parse(text: str, tools, *, parser: str, version) -> tuple[str, list[ToolCall]]:
-    """The detector's `detect_and_parse(text, tools)`: `(normal_text, calls)`.
-
-    Raises `ToolParseError` where SGLang's detector raises (the chat layer catches it)."""
+    """The detector's `detect_and_parse(text, tools)`: `(normal_text, calls)`; `ToolParseError` where it raises."""
     v = parse_version(version)
     if parser == "kimi_k2":
         return _kimi_detect(text, tools, v)
     if parser == "qwen25":
         return _qwen25_detect(text, tools)
-    raise ValueError(f"unknown tool-call parser {parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
+    raise _unknown("tool-call", parser)
 
 
 def has_tool_call(text: str, *, parser: str) -> bool:
@@ -325,15 +264,12 @@ def has_tool_call(text: str, *, parser: str) -> bool:
         return KIMI_SECTION_BEGIN in text
     if parser == "qwen25":
         return _QWEN_BOT in text
-    raise ValueError(f"unknown tool-call parser {parser!r}; known: {', '.join(TOOL_CALL_PARSERS)}")
+    raise _unknown("tool-call", parser)
 
 
 def parse_tool_calls(text: str, tools, *, parser: str, version) -> tuple[str, list[ToolCall]]:
-    """What `serving_chat._process_tool_calls` (tool_choice "auto") makes of the text: `(content, calls)`.
-
-    No tools, or no section marker → the text unchanged. A detector error → the text unchanged.
-    No call found → the full text up to 0.5.15, the detector's normal text from 0.5.16.
-    """
+    """What `serving_chat._process_tool_calls` (tool_choice "auto") makes of the text: `(content, calls)`;
+    no tools, no section marker or a detector error: the text unchanged."""
     v = parse_version(version)
     if not tools or not has_tool_call(text, parser=parser):
         return text, []

@@ -1,12 +1,10 @@
 """Whether each mode's prompts end with its `prompt_suffix`, checked as they are tokenized.
 
-A mode's suffix (`model.modes.NAME.prompt_suffix`, else `model.prompt_suffix`) is what its chat
-template ends every generation prompt with; later steps rely on it (the answers are read as starting
-after it). A profile whose suffix its template does not render is a config error, found on a mode's
-first prompts (`FIRST`: none of them ends so) and refused before anything is generated. A single
-prompt that ends otherwise while the others end with the suffix is a row error: that row is skipped
-with its reason. A chat template can end one conversation differently from the rest (on what its
-last message holds), and the tokenizer can merge a suffix that is plain text with the text before it.
+A mode's suffix (`model.modes.NAME.prompt_suffix`, else `model.prompt_suffix`) is what its chat template
+ends every generation prompt with; later steps read answers as starting after it. A suffix that none of
+a mode's first prompts (`FIRST`) ends with is a config error, refused before anything is generated; a
+single prompt that ends otherwise (a template can end one conversation differently, a tokenizer can
+merge a plain-text suffix into the text before it) is a row error: that row is skipped with its reason.
 
 May import: `settings`, `tokens.vocabulary`.
 """
@@ -73,12 +71,10 @@ class SuffixCheck:
             while common and ending[-len(common) :] != common:
                 common = common[1:]
         key, n = self.key(mode), len(endings)
-        if n == 1 or common:
-            seen = (
-                f"the first prompt ends {self._tokens(common)}"
-                if n == 1
-                else f"the first {n} all end {self._tokens(common)}"
-            )
+        if n == 1:
+            seen = f"the first prompt ends {self._tokens(common)}"
+        elif common:
+            seen = f"the first {n} all end {self._tokens(common)}"
         else:
             seen = (
                 f"the first {n} prompts end as differently as {self._tokens(endings[0])} and {self._tokens(endings[1])}"

@@ -1,17 +1,16 @@
 """Client-side chat templating: the model's own template, rendered and tokenized here, never on the server.
 
-`ChatTokenizer.tokenize` is `apply_chat_template(add_generation_prompt=True)` done in batches (a batch
-takes one `tools` argument, so rows are grouped by their tools) as Jinja rendering followed by one
-`encode_batch` of the rendered strings: the same ids as `apply_chat_template(tokenize=True)`, at the
-speed of the bare tokenizer.
+`ChatTokenizer.tokenize` is `apply_chat_template(add_generation_prompt=True)` in batches of one `tools`
+argument: Jinja rendering, then one `encode_batch`, the same ids at the speed of the bare tokenizer.
 
-Control-token policy ("literal-as-text"): text inside a system, user or tool message that spells a
-control token (a user asking about `<|im_end|>`) must not become that token. Such spans are cut out before rendering and
-encoded as plain text, in isolation — the same segment boundaries an added token would have made.
+Control-token policy ("literal-as-text"): text in a system, user or tool message that spells a control
+token (a user asking about `<|im_end|>`) is cut out before rendering and encoded as plain text, in
+isolation: the same segment boundaries an added token would have made.
 
 May import: `settings`, `tokens.vocabulary`, `tokens.encoding`.
 """
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -41,34 +40,26 @@ class ChatTokenizer:
         self.tokenizer = tokenizer
         self.profile = profile
         self.control = ControlText(tokenizer)
-        self._text_only: TextOnlyEncoder | None = None
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._tiktoken = TiktokenPath(tokenizer) if self._backend is None and TiktokenPath.applies(tokenizer) else None
 
     def _protect(self, messages: list[dict], literals: list[str]) -> list[dict]:
         """Replace literal control text in message fields with numbered marks, collecting the text."""
 
-        def protect_text(text):
-            if not isinstance(text, str):
-                return text
-            spans = self.control.spans(text)
-            if not spans:
-                return text
-            out, last = [], 0
-            for start, end in spans:
-                out.append(text[last:start])
-                out.append(f"{_MARK_OPEN}{len(literals)}{_MARK_CLOSE}")
-                literals.append(text[start:end])
-                last = end
-            out.append(text[last:])
-            return "".join(out)
+        def mark(match) -> str:
+            literals.append(match.group())
+            return f"{_MARK_OPEN}{len(literals) - 1}{_MARK_CLOSE}"
 
+        pattern = self.control.pattern
         protected = []
         for message in messages:
             # Assistant turns may carry real control tokens (a template splits them on `</think>`);
             # only text that a person or a tool wrote is protected.
             if message["role"] in ("system", "user", "tool"):
-                message = dict(message, content=protect_text(message.get("content")))
+                content = message.get("content")
+                if pattern is not None and isinstance(content, str):
+                    content = pattern.sub(mark, content)
+                message = dict(message, content=content)
             protected.append(message)
         return protected
 
@@ -93,26 +84,17 @@ class ChatTokenizer:
             return [self._tiktoken.encode(t) for t in texts]
         return [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
-    def _text_only_encoder(self) -> TextOnlyEncoder:
-        if self._text_only is None:
-            self._text_only = TextOnlyEncoder(self.tokenizer)
-        return self._text_only
+    @functools.cached_property
+    def _text_only(self) -> TextOnlyEncoder:
+        return TextOnlyEncoder(self.tokenizer)
 
     def render_and_encode(
         self, conversations: list[list[dict]], tools: list | None, *, add_generation_prompt: bool = True
     ) -> tuple[list[str], list[list[int]], list[bool]]:
-        """Render conversations that share one `tools` list and encode them in one batch.
-
-        Returns the rendered texts (with marks where literal control text was cut out), the ids,
-        and whether each conversation held literal control text. The template's text between marks
-        goes into a single `encode_batch` with every other row; the literal text is encoded as text.
-        """
-        literal_lists: list[list[str]] = []
-        protected = []
-        for conversation in conversations:
-            literals: list[str] = []
-            protected.append(self._protect(conversation, literals))
-            literal_lists.append(literals)
+        """Render conversations that share one `tools` list and encode them in one batch: the rendered texts
+        (marks where literal control text was cut out), the ids, and whether each held literal control text."""
+        literal_lists: list[list[str]] = [[] for _ in conversations]
+        protected = [self._protect(c, literals) for c, literals in zip(conversations, literal_lists)]
         texts = self.render(protected, tools, add_generation_prompt=add_generation_prompt)
         segments: list[str] = []
         layouts: list[list[int | str]] = []  # per row: an int indexes `segments`, a str is literal text
@@ -137,7 +119,7 @@ class ChatTokenizer:
                 continue
             row: list[int] = []
             for part in layout:
-                row.extend(encoded[part] if isinstance(part, int) else self._text_only_encoder().encode(part))
+                row.extend(encoded[part] if isinstance(part, int) else self._text_only.encode(part))
             ids.append(row)
         return texts, ids, [bool(lits) for lits in literal_lists]
 
@@ -148,20 +130,17 @@ class ChatTokenizer:
             tools = tools_list[indices[0]]
             try:
                 _, ids, literal = self.render_and_encode([conversations[i] for i in indices], tools)
-            except Exception:  # one bad conversation fails its batch: find it, keep the others
+            except Exception as exc:  # one bad conversation fails its batch: find it, keep the others
                 for i in indices:
-                    results[i] = self._tokenize_one(conversations[i], tools)
+                    results[i] = (
+                        Tokenized([], False, error=f"{type(exc).__name__}: {exc}")
+                        if len(indices) == 1
+                        else self.tokenize([conversations[i]], [tools])[0]
+                    )
                 continue
             for i, row, has_literal in zip(indices, ids, literal):
                 results[i] = Tokenized(row, has_literal)
         return results  # type: ignore[return-value]
-
-    def _tokenize_one(self, conversation: list[dict], tools) -> Tokenized:
-        try:
-            _, ids, literal = self.render_and_encode([conversation], tools)
-        except Exception as exc:
-            return Tokenized([], False, error=f"{type(exc).__name__}: {exc}")
-        return Tokenized(ids[0], literal[0])
 
 
 def group_by_tools(tools_list: list) -> dict[str, list[int]]:

@@ -19,11 +19,8 @@ MODEL_CONFIG_FILES = ("config.json", "generation_config.json")
 
 @dataclass(frozen=True)
 class StopSet:
-    """Every id a SGLang server stops a request on, and where each came from.
-
-    `sources` maps what named them (`model.stop_tokens`, `model.eos_tokens`, `tokenizer.eos_token`, `config.json`,
-    `generation_config.json`, `additional_stop_tokens`) to their ids, and to None for a model file
-    that is missing beside the tokenizer: then only the rest is known."""
+    """Every id a SGLang server stops a request on; `sources` maps what named them (`model.stop_tokens`,
+    `config.json`, ...) to their ids, or to None for a model file missing beside the tokenizer."""
 
     ids: frozenset
     sources: dict
@@ -49,14 +46,10 @@ def _eos_ids_of(path: Path) -> list[int] | None:
 
 
 def stop_set(tokenizer, profile: ModelProfile) -> StopSet:
-    """The ids the server will stop on, as SGLang 0.5.23 decides (`Req._check_token_based_finish`):
-    the request's `stop_token_ids` (the profile's `stop_tokens`), the model's `eos_token_id`s from
-    config.json and generation_config.json (`ModelConfig._get_hf_eos_token_id`), the tokenizer's
-    eos, and the additional turn-final markers its added vocabulary holds.
-
-    The model files are read beside the tokenizer (`model.tokenizer`, the model's own folder):
-    Kimi-K2.5's tokenizer eos is `[EOS]` while its turns end with `<|im_end|>`, so an answer can end
-    on either, and every check and the chat layer's trimming must know both."""
+    """The ids the server will stop on, as SGLang 0.5.23 decides (`Req._check_token_based_finish`): the
+    profile's `stop_tokens`, the `eos_token_id`s of config.json and generation_config.json beside the
+    tokenizer, the tokenizer's eos, and the additional turn-final markers its vocabulary holds. Kimi-K2.5's
+    tokenizer eos is `[EOS]` while its turns end with `<|im_end|>`: an answer can end on either."""
     sources: dict = {"model.stop_tokens": token_ids(tokenizer, profile.stop_tokens)}
     if profile.eos_tokens:
         sources["model.eos_tokens"] = token_ids(tokenizer, profile.eos_tokens)
@@ -75,11 +68,8 @@ def stop_set(tokenizer, profile: ModelProfile) -> StopSet:
 
 
 def token_facts(tokenizer, profile: ModelProfile) -> dict:
-    """What the later steps need to know of the tokenizer, read once by tokenize_prompts.
-
-    Planning, generation and the figures take these from the prompts table's provenance instead of
-    loading the tokenizer again; ids are read from the tokenizer, never hard-coded.
-    """
+    """What the later steps need to know of the tokenizer, read once by tokenize_prompts: they take it
+    from the prompts table's provenance instead of loading the tokenizer again."""
     return {
         **tokenizer_fingerprint(tokenizer),
         # Sent as the request's stop_token_ids: the turn ends and the eos the profile names; the server
@@ -107,11 +97,8 @@ def _optional_id(tokenizer, token: str | None) -> int | None:
 
 
 def output_budget(n_prompt_tokens: int, *, context_length: int, budget: Budget) -> tuple[int, str | None]:
-    """max_new_tokens = min(configured, context − prompt − reserve); a reason when it is too small.
-
-    SGLang answers HTTP 400 when prompt + max_new_tokens exceeds the context, so the budget is cut
-    here rather than discovered there.
-    """
+    """max_new_tokens = min(configured, context − prompt − reserve), a reason when it is too small:
+    SGLang answers HTTP 400 when prompt + max_new_tokens exceeds the context."""
     room = context_length - n_prompt_tokens - budget.reserve_tokens
     value = min(budget.max_new_tokens, room)
     if value < budget.min_new_tokens:

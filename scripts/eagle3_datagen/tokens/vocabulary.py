@@ -13,14 +13,9 @@ from eagle3_datagen.settings import ModelProfile
 
 
 def load_tokenizer(profile: ModelProfile):
-    """The profile's Hugging Face tokenizer, loaded offline.
-
-    The class named in tokenizer_config.json is loaded directly when transformers exports it, and a
-    tokenizer's own code (auto_map, with trust_remote_code) through transformers' dynamic-module
-    loader: each is what AutoTokenizer resolves to as well, without AutoTokenizer's import of torch
-    (seconds per job, and on a generate job's path). A tokenizer that names no class goes through
-    AutoTokenizer.
-    """
+    """The profile's Hugging Face tokenizer, loaded offline: the class AutoTokenizer would resolve to
+    (the one tokenizer_config.json names, or the tokenizer's own code), without AutoTokenizer's import of
+    torch (seconds per job); a tokenizer that names no class goes through AutoTokenizer."""
     path = Path(profile.tokenizer)
     if not path.exists():
         raise FileNotFoundError(f"model.tokenizer: tokenizer directory {path} does not exist")
@@ -35,8 +30,7 @@ def load_tokenizer(profile: ModelProfile):
             "set model.trust_remote_code: true in the config if you trust it"
         )
     if "AutoTokenizer" in auto_map:
-        # The tokenizer's own code (Kimi-K2.5's TikTokenTokenizer), resolved as AutoTokenizer does
-        # (its fast class where it names one, else the slow one), without AutoTokenizer's torch.
+        # Its fast class where it names one, else the slow one (Kimi-K2.5's TikTokenTokenizer).
         from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
         ref = auto_map["AutoTokenizer"]
@@ -53,12 +47,10 @@ def load_tokenizer(profile: ModelProfile):
 
 def _exported_class(name: str | None):
     """The tokenizer class transformers exports under `name` (e.g. Qwen2Tokenizer), or None."""
-    if not name:
-        return None
     import transformers
 
     try:
-        cls = getattr(transformers, name)
+        cls = getattr(transformers, name) if name else None
     except (AttributeError, ImportError):
         return None
     return cls if isinstance(cls, type) and hasattr(cls, "from_pretrained") else None
@@ -77,10 +69,9 @@ def token_ids(tokenizer, tokens) -> list[int]:
 
 
 def batch_decode(tokenizer, sequences: list[list[int]], *, skip_special_tokens: bool) -> list[str]:
-    """`tokenizer.batch_decode`, by the Rust backend's `decode_batch` where that is exactly what it
-    does: a fast tokenizer whose class keeps transformers' own decode methods and cleans up no
-    spaces. transformers first checks every id in Python, twice (a third of check_parsers' time on
-    long answers); anything else takes the tokenizer's own path."""
+    """`tokenizer.batch_decode`, by the Rust backend's `decode_batch` where that is exactly what it does
+    (transformers' own decode methods, no space clean-up), skipping transformers' checks of every id in
+    Python (a third of check_parsers' time on long answers)."""
     if _plain_fast_decode(type(tokenizer)) and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
         return tokenizer.backend_tokenizer.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
     return tokenizer.batch_decode(sequences, skip_special_tokens=skip_special_tokens)
@@ -124,11 +115,8 @@ def tiktoken_model(tokenizer):
 
 
 def whitespace_ids(tokenizer) -> list[int]:
-    """The ids whose own text is whitespace only (spaces, newlines, tabs), for the quality gate's
-    `empty_answer`: read once from the vocabulary, so that no answer is ever decoded to judge it.
-
-    A TikToken tokenizer is read from its rank file's bytes (bytes that are not whole UTF-8 text
-    are not whitespace); any other tokenizer decodes each id on its own, in one batch."""
+    """The ids whose own text is whitespace only, for the quality gate's `empty_answer`, so that no
+    answer is decoded to judge it: a TikToken tokenizer's rank bytes, or else each id decoded alone."""
     model = tiktoken_model(tokenizer)
     if model is not None:
         found = []
