@@ -3,19 +3,12 @@
     eagle3-datagen audit --data train.jsonl --config config/qwen3.yaml \\
         --tokenizer /models/Qwen3-8B --out results/audit/NAME/
 
-Reads the dataset as a stream (JSON lines, one trainer row `{"input_ids", "loss_mask", ...}` each,
-or this pipeline's Parquet dataset), judges every row by `quality.audit.audit_row` against the
-tokenizer's facts (`tokens.token_facts`) and the config's `quality.loop`, and writes to `--out`:
-
-- `flags.jsonl`: one line per row, `{"line", "id", "flags": [{"code", "detail"}]}` (flags empty when
-  the row is clean; `line` is the 1-based line of the JSONL file, or the row of the Parquet file);
-- `reasons.tsv`: per code, the rows it flags and their share of all rows; `reasons.png`, the same drawn;
-- `audit.json`: the rows read, the clean rows, the counts, and what the rows were judged against:
-  the turn ends (`turn_end_ids`, from `--stop-tokens`), every id that stops generation (`stop_ids`:
-  those, `--eos-tokens`, and the eos of the tokenizer and of the model files beside it) and where
-  each came from (`stop_ids_from`).
-
-A line that is not JSON is a row flagged `unreadable_row`; the rest of the file is still audited.
+Judges every row (JSON lines of `{"input_ids", "loss_mask", ...}`, or this pipeline's Parquet
+dataset; streamed) by `quality.audit.audit_row` against the tokenizer's facts and the config's
+`quality.loop`, and writes to `--out`: `flags.jsonl` (per row its 1-based line, id and flags),
+`reasons.tsv` and `reasons.png` (rows and share per code), and `audit.json` (the counts and what the
+rows were judged against: turn ends, every stop id and where each came from). A line that is not
+JSON is a row flagged `unreadable_row`; the rest of the file is still audited.
 """
 
 import argparse
@@ -155,13 +148,9 @@ def model_section(args: argparse.Namespace, config: dict) -> dict:
         raise SystemExit("audit: --tokenizer is needed (or --config with a model.tokenizer)")
     model.setdefault("name", Path(model["tokenizer"]).name)
     model.setdefault("context_length", 1 << 30)
-    given = {
-        "stop_tokens": args.stop_tokens,
-        "eos_tokens": args.eos_tokens,
-        "reasoning_start": args.reasoning_start,
-        "reasoning_end": args.reasoning_end,
-    }
-    model.update({k: v for k, v in given.items() if v is not None})
+    for key in ("stop_tokens", "eos_tokens", "reasoning_start", "reasoning_end"):
+        if getattr(args, key) is not None:
+            model[key] = getattr(args, key)
     if args.trust_remote_code:
         model["trust_remote_code"] = True
     if not model.get("stop_tokens"):

@@ -1,42 +1,19 @@
 """check_parsers: does the OpenAI chat route give back the exact tokens we generated?
 
 For each ok generation row this replays what SGLang's chat layer and a text-based trainer would do:
+decode `output_ids` as `serving_chat` does (a trailing stop id trimmed on a `stop` finish; special
+tokens skipped unless the row has tools), run the reasoning parser (with the chat layer's forcing) and,
+with tools, the tool-call parser, rebuild the assistant message, render the whole conversation with
+`add_generation_prompt=False` and tokenize it (`route`), then compare with `prompt_ids + output_ids`.
 
-1. decode `output_ids` as `serving_chat` does: a trailing stop id is trimmed when `finish_type` is
-   `stop`; `skip_special_tokens=True` unless the row has tools (then False);
-2. run the profile's reasoning parser with the chat layer's forcing (`parsers.chat_force_reasoning`),
-   then, for rows with tools, the tool-call parser (`parsers.parse_tool_calls`);
-3. rebuild the assistant message (`reasoning_content`, `content`, `tool_calls` with Kimi ids
-   `functions.{name}:{history + index}` and the arguments as the parser's raw JSON text), append it to
-   the row's messages and render the whole conversation through the chat template with
-   `add_generation_prompt=False`, then tokenize (no added special tokens; literal control text in
-   system/user/tool messages is protected exactly as for `prompt_ids`);
-4. compare the result (`route`) with `expected = prompt_ids + output_ids`.
-
-Alignment: the row is `exact` when `route[:len(expected)] == expected` and every extra route token is
-the template's own end of turn: whitespace-only tokens (Qwen3 renders `<|im_end|>\\n`), and, when
-`expected` does not end with a stop id (a `length` or `loop` row), one stop id before them (the template
-closes the turn that generation left open). Otherwise `first_diff` is the first index where the two
-differ (or the length of the shorter one) and the row gets the first class that applies, in order:
-
-- `reasoning_token_lost`: `output_ids` hold `</think>` but the decoded text does not (skipped as a
-  special token), or the route has fewer `</think>` ids after the prompt than the output;
-- `truncated_without_reasoning_end`: `finish_type` is `length` (or `loop`: stopped as a repetition loop
-  while generated, cut as a budget cuts) and no `</think>` in `output_ids`
-  (the parser calls it all reasoning; the template then closes a `</think>` that was never generated);
-- `reasoning_dropped_by_template`: the parser found reasoning but the rendered conversation does not
-  contain it (Kimi templates render `<think></think>` for an assistant turn without tool calls that
-  is the last such turn: its reasoning is dropped);
-- `tool_call_reshaped`: `first_diff` falls inside the tool section of `expected` (from the section's
-  first token to its end token, or to the end of the output when it has none): ids, whitespace,
-  argument text or the whole section differ;
-- `text_after_tool_section_dropped`: `first_diff` lies after the section's end token;
-- `whitespace_changed`: the decoded texts from `first_diff` on differ only in whitespace;
-- `retokenization_drift`: the decoded texts from `first_diff` on are equal (same text, other ids);
-- `other`.
-
-May import: `settings`, `storage.tables`, `tokens` (the chat layer, parsers, templating, vocabulary),
-`quality.flags` (the finish_type of a row stopped as a loop).
+The row is `exact` when the route starts with the expected ids and every extra route token is the
+template's own end of turn (whitespace tokens, and one stop id when the output ended without one).
+Otherwise `first_diff` is where the two first differ and `classify` names the first class that
+applies: `reasoning_token_lost` (`</think>` skipped as a special token or missing from the route),
+`truncated_without_reasoning_end` (cut with no `</think>`: the template closes one never generated),
+`reasoning_dropped_by_template` (Kimi drops the reasoning of the last assistant turn without tool
+calls), `tool_call_reshaped` (`first_diff` inside the tool section), `text_after_tool_section_dropped`,
+`retokenization_drift` (same text, other ids), `whitespace_changed`, `other`.
 """
 
 from __future__ import annotations
@@ -45,9 +22,6 @@ import json
 import logging
 import re
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 from eagle3_datagen.quality.flags import LOOP_FINISH
@@ -71,48 +45,28 @@ _WS = re.compile(r"\s+")
 EXCERPT_BEFORE, EXCERPT_AFTER = 12, 20
 
 
-@dataclass
-class RowFacts:
-    """What the classification needs to know about one non-exact row."""
-
-    finish_type: str
-    n_end_output: int  # `</think>` ids in output_ids
-    n_end_route: int  # `</think>` ids in the route after the prompt
-    end_in_text: bool  # `</think>` survived the chat layer's decode
-    reasoning: str  # parsed reasoning text
-    rendered: str  # the re-rendered conversation
-    section: tuple[int, int] | None  # tool section of expected: first token, end token (inclusive)
-    first_diff: int
-    expected_rest: list[int]  # expected[first_diff:]
-    route_rest: list[int]  # route[first_diff:], without the tolerated template tail
-    decode: Callable[[list[int]], str]
-
-    # Decoded only when the cheaper rules did not decide.
-    @cached_property
-    def expected_tail(self) -> str:
-        return self.decode(self.expected_rest)
-
-    @cached_property
-    def route_tail(self) -> str:
-        return self.decode(self.route_rest)
-
-
-def classify(f: RowFacts) -> str:
-    if f.n_end_output and (not f.end_in_text or f.n_end_route < f.n_end_output):
+def classify(ck, row: dict, expected, route, core, first_diff: int, n_end: int, text, reasoning, rendered) -> str:
+    """The first class that applies to a row that is not exact (see the module doc): `core` is the
+    route without the tolerated template tail, `n_end` the `</think>` ids in the output, `text` the
+    output as the chat layer decoded it, `reasoning` what the parser took as reasoning."""
+    n_prompt = len(row["prompt_ids"])
+    if n_end and (ck.think_end not in text or route[n_prompt:].count(ck.think_end_id) < n_end):
         return "reasoning_token_lost"
-    if f.finish_type in CUT_FINISHES and not f.n_end_output:
+    if row["finish_type"] in CUT_FINISHES and not n_end:
         return "truncated_without_reasoning_end"
-    if f.reasoning.strip() and f.reasoning.strip() not in f.rendered:
+    if reasoning.strip() and reasoning.strip() not in rendered:
         return "reasoning_dropped_by_template"
-    if f.section is not None:
-        start, end = f.section
-        if start <= f.first_diff <= end:
+    section = _section_span(expected[n_prompt:], n_prompt, ck.section_ids)
+    if section is not None:
+        if section[0] <= first_diff <= section[1]:
             return "tool_call_reshaped"
-        if f.first_diff > end:
+        if first_diff > section[1]:
             return "text_after_tool_section_dropped"
-    if f.expected_tail == f.route_tail:
+    # Decoded only when the cheaper rules did not decide.
+    expected_tail, route_tail = ck.decode(expected[first_diff:]), ck.decode(core[first_diff:])
+    if expected_tail == route_tail:
         return "retokenization_drift"
-    if _WS.sub("", f.expected_tail) == _WS.sub("", f.route_tail):
+    if _WS.sub("", expected_tail) == _WS.sub("", route_tail):
         return "whitespace_changed"
     return "other"
 
@@ -123,8 +77,6 @@ class _Checker(ChatLayer):
         section = _SECTION_TOKENS.get(self.tool_parser or "")
         self.section_ids = tuple(token_ids(tokenizer, section)) if section else None
         self._ws_cache: dict[int, bool] = {}
-
-    # -- comparison ----------------------------------------------------------------------
 
     def _is_ws(self, tid: int) -> bool:
         hit = self._ws_cache.get(tid)
@@ -172,9 +124,8 @@ def _section_span(output: list[int], offset: int, section_ids) -> tuple[int, int
 def _routes(
     ck: _Checker, rows: list[dict], texts: list[str], tools_list: list
 ) -> tuple[list[list[int]], list[str], list[str]]:
-    """Steps 2-3 for a batch: each row's answer parsed and rebuilt as an assistant message, its whole
-    conversation rendered without a generation prompt and encoded, one batch per group of identical
-    tools. Returns the route ids, the rendered texts and the parsed reasoning of each row."""
+    """(route ids, rendered text, parsed reasoning) of each row: rendered and encoded a batch per group
+    of identical tools."""
     routes: list[list[int] | None] = [None] * len(rows)
     rendered: list[str] = [""] * len(rows)
     reasonings: list[str] = [""] * len(rows)
@@ -209,10 +160,8 @@ def _reasoning_and_answer(ck: _Checker, output: list[int], n_end: int) -> tuple[
 def check_rows(
     generations: list[dict], *, tokenizer, profile: ModelProfile, checkers: dict[str, _Checker] | None = None
 ) -> list[dict]:
-    """One verdict row per ok generation row of a batch, in order (see the module doc for the rules);
-    each row carries the messages and tools of its prompt, and is checked as its serving mode's chat
-    route (that mode's template variables, and so its reasoning forcing). `checkers`, by mode, set up
-    once, serve every batch."""
+    """One verdict row per ok generation row of a batch, in order, each checked as its serving mode's
+    chat route; `checkers`, by mode, set up once, serve every batch."""
     checkers = {} if checkers is None else checkers
     ok = [g for g in generations if g["status"] == "ok"]
     by_mode: dict[str, list[int]] = {}
@@ -251,20 +200,7 @@ def _check_mode(ck: _Checker, rows: list[dict]) -> list[dict]:
         if not (route[:n] == expected and ck.tolerated_tail(route, ends_with_stop) >= len(route) - n):
             core = route[: len(route) - ck.tolerated_tail(route, ends_with_stop)]
             first_diff = _first_diff(expected, core)
-            facts = RowFacts(
-                finish_type=g["finish_type"],
-                n_end_output=n_end,
-                n_end_route=route[len(prompt_ids) :].count(ck.think_end_id) if n_end else 0,  # type: ignore[arg-type]
-                end_in_text=ck.think_end in texts[i],
-                reasoning=reasonings[i],
-                rendered=rendered[i],
-                section=_section_span(output, len(prompt_ids), ck.section_ids),
-                first_diff=first_diff,
-                expected_rest=expected[first_diff:],
-                route_rest=core[first_diff:],
-                decode=ck.decode,
-            )
-            verdict = classify(facts)
+            verdict = classify(ck, g, expected, route, core, first_diff, n_end, texts[i], reasonings[i], rendered[i])
             lo = max(0, first_diff - EXCERPT_BEFORE)
             exp_excerpt = ck.decode(expected[lo : first_diff + EXCERPT_AFTER])
             route_excerpt = ck.decode(core[lo : first_diff + EXCERPT_AFTER])

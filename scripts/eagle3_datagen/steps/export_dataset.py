@@ -190,9 +190,8 @@ def _conversation(row: dict) -> tuple:
 
 
 class JsonlWriter(AtomicFile):
-    """JSON lines written as they come, atomically (`disk.AtomicFile`), a list of rows at a time. Lines
-    are what `json.dumps(row, ensure_ascii=False, separators=(",", ":"))` gives, made by orjson
-    (several times faster on long id lists)."""
+    """JSON lines written atomically as they come (orjson: `json.dumps(row, ensure_ascii=False,
+    separators=(",", ":"))`, several times faster on long id lists)."""
 
     def __init__(self, path: str | Path):
         super().__init__(path, what="JSON lines file")
@@ -252,27 +251,6 @@ def sequence_digest(line: bytes) -> bytes:
     return hashlib.blake2b(ids, digest_size=16).digest()
 
 
-def merge_datasets(paths: list[Path], out: Path) -> dict:
-    """Concatenate category datasets into one file, keeping the first of identical token sequences.
-
-    Lines are copied as they are, and only a 16-byte digest per sequence is remembered, so memory
-    grows by a few MB per 100k rows, whatever the lengths."""
-    seen: set[bytes] = set()
-    kept = duplicates = 0
-    with AtomicFile(out, what="JSON lines file") as dst:
-        for path in paths:
-            with open(path, "rb") as src:
-                for line in src:
-                    digest = sequence_digest(line)
-                    if digest in seen:
-                        duplicates += 1
-                        continue
-                    seen.add(digest)
-                    dst.write(line)
-                    kept += 1
-    return {"rows": kept, "duplicates_dropped": duplicates}
-
-
 def export_dataset(
     *,
     generations: Path,
@@ -301,7 +279,21 @@ def export_dataset(
 
 
 def merge_dataset(*, dataset: list[Path], train: Path) -> dict:
-    """Merge every category's dataset into one train.jsonl, identical token sequences once."""
-    counts = merge_datasets(dataset, train)
+    """Merge every category's dataset into one train.jsonl, keeping the first of identical token
+    sequences: lines are copied as they are and only a 16-byte digest per sequence is remembered."""
+    seen: set[bytes] = set()
+    kept = duplicates = 0
+    with AtomicFile(train, what="JSON lines file") as dst:
+        for path in dataset:
+            with open(path, "rb") as src:
+                for line in src:
+                    digest = sequence_digest(line)
+                    if digest in seen:
+                        duplicates += 1
+                        continue
+                    seen.add(digest)
+                    dst.write(line)
+                    kept += 1
+    counts = {"rows": kept, "duplicates_dropped": duplicates}
     log.info("merged %d files into %s: %s", len(dataset), train, counts)
     return counts

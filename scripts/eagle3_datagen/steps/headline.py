@@ -1,17 +1,13 @@
 """The run's headline: what it produced, as the first thing the report shows.
 
-From the summary table (rows kept and left out per reason and quality flag, prompt and output tokens,
-the share of answers cut at max_new_tokens, per category and serving mode), each category's
-parser-check counts, the generate jobs' provenance (their time with their server and the GPUs each held: the
-launched server's, none for the CPU engine or an external server) and, when a pilot ran, its
-projection of the full run. Rule headline writes it as an HTML fragment that report/workflow.rst puts
-on the report's landing page; `headline_values` is the same content as data.
+Rows kept and left out, tokens and truncation (the summary table), parser-check verdicts, the generate
+jobs' hours and GPU-hours and, when a pilot ran, its projection: per category and serving mode. Rule
+headline writes it as an HTML fragment for the report's landing page; `headline_values` is the same as data.
 """
 
 import html
 import logging
 import math
-from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -63,9 +59,8 @@ def read_table(path: str | Path) -> list[dict]:
 
 
 def job_usage(provenance: dict) -> dict:
-    """A category's generate jobs (one per shard) that sent requests: their hours, and GPU-hours as each
-    job's hours times the GPUs it held (a job that sent nothing started no server). A job's hours are its
-    whole time with its server, start-up and shutdown included (`job.wall_s`)."""
+    """Hours of a category's generate jobs that sent requests (each one's whole time with its server,
+    `job.wall_s`), and GPU-hours: each job's hours times the GPUs it held."""
     job_h = gpu_h = 0.0
     kinds = set()
     for shard in provenance.get("shards") or [provenance]:
@@ -86,18 +81,13 @@ def verdict_counts(checks: dict, mode: str | None) -> dict[str, int] | None:
     """The parser-check verdicts of a category's rows of one mode (None: all its rows), without the total;
     None where the counts do not say."""
     counts = checks.get("verdicts") if mode is None else (checks.get("verdicts_by_mode") or {}).get(mode)
-    if counts is None:
-        return None
-    return {k: int(v) for k, v in counts.items() if k != "total"}
+    return None if counts is None else {k: int(v) for k, v in counts.items() if k != "total"}
 
 
 def add_counts(parts: list[dict[str, int] | None]) -> dict[str, int] | None:
     if not parts or any(p is None for p in parts):
         return None
-    out: Counter = Counter()
-    for part in parts:
-        out.update(part)
-    return dict(out)
+    return {k: sum(p.get(k, 0) for p in parts) for k in dict.fromkeys(k for p in parts for k in p)}
 
 
 def _row_values(row: dict) -> dict:

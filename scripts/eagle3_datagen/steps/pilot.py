@@ -1,26 +1,12 @@
 """The pilot: a seeded sample of each category generated on the configured engine, and a projection
 of the full run from it, before the GPU bill.
 
-`pilot_generate` (one job per category, on the engine the generate jobs use) sends the sample's
-conversations, every turn of them, through the generate job's own code, into the category's
-journal directory (`cache/journal/{category}/pilot.jsonl`): the full run reuses every answer. It
-records what it measured: requests, output tokens and the client's wall time at the configured
-concurrency.
-
-`project_pilot` scales the sample to each category's usable conversations, per serving mode (the
-table itself: `generation.projection`): the mean per conversation times their number, with a 95 % interval
-from the sample's spread (normal approximation with the finite-population correction: the interval
-is 0 when the sample is the whole category). GPU-hours are the projected output tokens at the pilot's
-measured output tokens per second, times the server's GPUs; disk is the sample's own bytes per
-conversation (dataset JSONL, journal, generations Parquet) scaled the same way. A category that mixes
-modes gets a row per mode and one over them; the run, a total per mode and one over everything: what
-each mode costs (requests, tokens, hours) is read off its rows.
-
-It also reads the quality gate off the sample: each flag's share among the pilot's generated rows
-(`quality.flags.row_flags`, with a 95 % Wilson score interval), and the GPU-hours with and without
-the live loop stop. Without it a looping answer runs to its `max_new_tokens`; with it, it stops once
-the loop is seen: its onset, the tokens a loop of its period must cover, and one streamed chunk
-(`quality.stream_interval`). Whichever way the pilot ran, the other way is worked out per row.
+`pilot_generate` sends the sample's conversations, every turn, through the generate job's own code
+into the category's journal directory (`cache/journal/{category}/pilot.jsonl`: the full run reuses
+every answer) and records what it took. `project_pilot` scales the sample to each category's usable
+conversations per serving mode (`generation.projection`), with each quality flag's share among the
+pilot's rows and the output tokens with and without the live loop stop (worked out per row,
+whichever way the pilot ran).
 """
 
 import json
@@ -76,17 +62,6 @@ def usable_by_mode(prompts: Path, order: tuple[str, ...] = ()) -> dict[str, int]
     return {mode: counts[mode] for mode in dict.fromkeys([*order, *counts]) if counts[mode]}
 
 
-def pilot_journal_path(cache_dir: str | Path, category: str) -> Path:
-    return journal_path(cache_dir, category, 0, 1).with_name("pilot.jsonl")
-
-
-def pilot_journal(cache_dir: str | Path, category: str) -> Journal:
-    """The pilot's journal, beside the category's shard journals: each reads the others."""
-    path = pilot_journal_path(cache_dir, category)
-    others = sorted(path.parent.glob("*.jsonl")) if path.parent.exists() else []
-    return Journal(path, also_read=others)
-
-
 def pilot_generate(
     *,
     prompts: Path,
@@ -118,11 +93,10 @@ def pilot_generate(
             if (r["id"], int(r["sample_index"]), r["mode"]) in keys
         )
 
-    with sending_job(pilot_journal_path(cache_dir, category), pilot_server_log, pilot_generations) as (
-        attempt_server_log,
-        writer,
-    ):
-        journal = pilot_journal(cache_dir, category)
+    path = journal_path(cache_dir, category, 0, 1).with_name("pilot.jsonl")
+    with sending_job(path, pilot_server_log, pilot_generations) as (attempt_server_log, writer):
+        # Beside the category's shard journals: each reads the others.
+        journal = Journal(path, also_read=sorted(path.parent.glob("*.jsonl")) if path.parent.exists() else [])
         provenance = generate_category(
             prompt_rows,
             facts=facts,
@@ -237,12 +211,7 @@ def log_cost(row: dict, label: str) -> None:
         "%d output tokens (%.0f a conversation), %s %s",
         label,
         row["conversations"],
-        row["requests"],
-        row["requests"] / n,
-        row["prompt_tokens"],
-        row["prompt_tokens"] / n,
-        row["output_tokens"],
-        row["output_tokens"] / n,
+        *(value for k in ("requests", "prompt_tokens", "output_tokens") for value in (row[k], row[k] / n)),
         row[key],
         unit,
     )

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 STATUSES = ("ok", "skipped", "failed", "filtered")
 # What reading the prompt files changed (prompt_rows._sharegpt_fixes, ReadOptions.system_prompt), per category.
 NORMALIZATION = ("speakers_mapped", "leading_assistant_dropped", "same_speaker_merged", "system_prompt_added")
+QUALITY_COLUMNS = (*(f"flag_{code}" for code in CODES), *(f"quarantined_{code}" for code in CODES))
 
 
 # The generations columns the summary reads; token ids only as list lengths, never as Python lists.
@@ -90,7 +91,7 @@ def read_rejected(rejected: str | Path) -> tuple[dict, dict, dict, dict]:
     for r in iter_jsonl(rejected):
         mode = r.get("mode") or DEFAULT_MODE
         counts.setdefault(mode, {s: 0 for s in STATUSES})[r["status"]] += 1
-        tally = quality.setdefault(mode, _quality_counts())
+        tally = quality.setdefault(mode, Counter())
         if r["status"] == "filtered":
             key = (r["id"], r["sample_index"], r.get("turn", 0), mode)
             filtered[key] = r["reason"]
@@ -101,38 +102,16 @@ def read_rejected(rejected: str | Path) -> tuple[dict, dict, dict, dict]:
     return counts, filtered, flagged, quality
 
 
-def _quality_counts() -> dict:
-    return {f"flag_{code}": 0 for code in CODES} | {f"quarantined_{code}": 0 for code in CODES}
-
-
 class _ModeTally:
-    """One (category, mode)'s counts, as the summary row is made of them."""
+    """One (category, mode)'s counts (`n`: rows, tokens, statuses, flags), as its summary row is made of them."""
 
     def __init__(self):
-        self.statuses = {s: 0 for s in STATUSES}
-        self.quality = _quality_counts()
-        self.rows = self.n_ok = self.truncated = self.ok_output = self.prompt_tokens = self.output_tokens = 0
-        self.turns_merged = 0
+        self.n: Counter = Counter()
         self.budget = 0  # the largest max_new_tokens an answer was given (its mode's, where the context allows)
-        self.original = 0  # ok rows rendered on an original answer (tool_divergence: original)
         self.not_merged: Counter = Counter()
 
     def add(self, other: "_ModeTally") -> "_ModeTally":
-        for key in self.statuses:
-            self.statuses[key] += other.statuses[key]
-        for key in self.quality:
-            self.quality[key] += other.quality[key]
-        for key in (
-            "rows",
-            "n_ok",
-            "truncated",
-            "ok_output",
-            "prompt_tokens",
-            "output_tokens",
-            "turns_merged",
-            "original",
-        ):
-            setattr(self, key, getattr(self, key) + getattr(other, key))
+        self.n.update(other.n)
         self.not_merged.update(other.not_merged)
         self.budget = max(self.budget, other.budget)
         return self
@@ -140,23 +119,24 @@ class _ModeTally:
     def row(self, category: str, mode: str, normalization: dict | None) -> dict:
         """The summary row; `normalization` (what reading the file changed) only on a category's
         whole row: it counts conversations as read, before any mode."""
-        n_ok = self.n_ok
+        n, n_ok = self.n, self.n["n_ok"]
         return {
             "category": category,
             "mode": mode,
-            "rows": self.rows,
-            **self.statuses,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "mean_output_tokens": round(self.ok_output / n_ok, 1) if n_ok else 0.0,
-            "truncated_share": round(self.truncated / n_ok, 4) if n_ok else 0.0,
+            "rows": n["rows"],
+            **{status: n[status] for status in STATUSES},
+            "prompt_tokens": n["prompt_tokens"],
+            "output_tokens": n["output_tokens"],
+            "mean_output_tokens": round(n["ok_output"] / n_ok, 1) if n_ok else 0.0,
+            "truncated_share": round(n["truncated"] / n_ok, 4) if n_ok else 0.0,
             "max_new_tokens": self.budget,
-            "on_policy_rows": n_ok - self.original,
-            "original_history_rows": self.original,
-            **self.quality,
-            "turns_merged": self.turns_merged,
+            # `original`: ok rows rendered on an original answer (tool_divergence: original)
+            "on_policy_rows": n_ok - n["original"],
+            "original_history_rows": n["original"],
+            **{key: n[key] for key in QUALITY_COLUMNS},
+            "turns_merged": n["turns_merged"],
             "turns_not_merged": int(sum(self.not_merged.values())),
-            "why_not_merged": "; ".join(f"{n} x {why}" for why, n in sorted(self.not_merged.items())),
+            "why_not_merged": "; ".join(f"{k} x {why}" for why, k in sorted(self.not_merged.items())),
             **{
                 kind: (int(normalization.get(kind, 0)) if normalization is not None else None) for kind in NORMALIZATION
             },
@@ -185,7 +165,7 @@ def category_summary(
         for i, status in enumerate(batch["status"]):
             mode = batch["mode"][i] or DEFAULT_MODE
             tally = tallies.get(mode) or tallies.setdefault(mode, _ModeTally())
-            tally.rows += 1
+            tally.n["rows"] += 1
             n_output = int(batch["n_output"][i])
             key = (batch["id"][i], batch["sample_index"][i], batch["turn"][i], mode)
             if turns is not None:
@@ -199,28 +179,25 @@ def category_summary(
             if status != "ok":
                 continue
             n_prompt = int(batch["n_prompt"][i])
-            tally.n_ok += 1
-            tally.ok_output += n_output
-            tally.truncated += batch["finish_type"][i] == "length"
+            tally.n.update(n_ok=1, ok_output=n_output, truncated=batch["finish_type"][i] == "length")
+            tally.n["original"] += batch["history"][i] == ORIGINAL
             tally.budget = max(tally.budget, int(batch["max_new_tokens"][i]))
-            tally.original += batch["history"][i] == ORIGINAL
             pair = lengths.setdefault(mode, ([], []))
             pair[0].append(n_prompt)
             pair[1].append(n_output)
             if key not in filtered:
-                tally.prompt_tokens += n_prompt
-                tally.output_tokens += n_output
+                tally.n.update(prompt_tokens=n_prompt, output_tokens=n_output)
     for mode, tally in tallies.items():
-        tally.statuses.update(counts.get(mode, {}))
-        tally.statuses["ok"] = tally.rows - sum(counts.get(mode, {}).values())
-        tally.quality.update(quality.get(mode, {}))
+        tally.n.update(counts.get(mode, {}))
+        tally.n["ok"] = tally.n["rows"] - sum(counts.get(mode, {}).values())
+        tally.n.update(quality.get(mode, {}))
         for code, per_turn in (kept_by_mode.get(mode) or {}).items():
-            tally.quality[f"flag_{code}"] += sum(per_turn.values())
+            tally.n[f"flag_{code}"] += sum(per_turn.values())
             if turns is not None:
                 for turn, n in per_turn.items():
                     turns.setdefault((mode, int(turn), "ok", ""), [0, 0, Counter()])[2][code] += n
         by_mode = (merging.get("by_mode") or {}).get(mode) or {}
-        tally.turns_merged = int(by_mode.get("turns_merged", 0))
+        tally.n["turns_merged"] = int(by_mode.get("turns_merged", 0))
         tally.not_merged.update(by_mode.get("turns_not_merged") or {})
     if not tallies:  # an empty category still has its row
         tallies[DEFAULT_MODE] = _ModeTally()
@@ -256,8 +233,7 @@ SUMMED = (
     "output_tokens",
     "turns_merged",
     "turns_not_merged",
-    *(f"flag_{code}" for code in CODES),
-    *(f"quarantined_{code}" for code in CODES),
+    *QUALITY_COLUMNS,
 )
 
 

@@ -6,9 +6,6 @@ generation never load the tokenizer.
 
 Each mode's prompts are checked to end with its prompt suffix as they are made (`prompt_suffix`):
 a suffix the template does not render fails the category on its first prompts, before any GPU time.
-
-May import: `settings`, `storage` (the prompt readers, the tables), `tokens` (templating, vocabulary,
-token facts, prompt suffix), `generation.turns`.
 """
 
 import json
@@ -57,12 +54,12 @@ def tokenize_prompts(
     mode_mix: str | None = None,
     tool_divergence: str = "end",
 ) -> None:
-    """Tokenize one category's prompt file `source` into the prompts table `prompts`, a batch at a time
-    (`tool_divergence` goes into its provenance, for the later turns: `turns.DIVERGENCE`).
+    """Tokenize one category's prompt file `source` into the prompts table `prompts`, a batch at a time.
 
-    Rows skipped by an unexpected error (prompt_rows.PromptRow.unexpected: not a foreseen problem of the
-    row, possibly a bug) are counted apart; past `max_unexpected_row_share` of the rows they fail
-    the category, whatever `on_bad_rows` says."""
+    Rows skipped by an unexpected error (`PromptRow.unexpected`: possibly a bug) past
+    `max_unexpected_row_share` of the rows fail the category, whatever `on_bad_rows` says."""
+    # The step's parameters as given, for the provenance (in signature order).
+    params = {k: v for k, v in locals().items() if k not in ("source", "prompts", "category", "batch")}
     profile = ModelProfile.from_config(model)
     mix = ModeMix.parse(mode_mix, profile.mode_names)
     tokenizer = load_tokenizer(profile)
@@ -94,26 +91,7 @@ def tokenize_prompts(
             writer.write(table)
             progress.advance(len(rows), None if extent.rows is not None else extent.fraction(rows[-1].source))
         suffixes.finish()
-        check_bad_rows(
-            tally,
-            source,
-            max_unexpected_row_share=max_unexpected_row_share,
-            allow_empty=allow_empty,
-            on_bad_rows=on_bad_rows,
-        )
-        params = {
-            "model": model,
-            "budget": budget,
-            "samples_per_prompt": samples_per_prompt,
-            "seed": seed,
-            "on_bad_rows": on_bad_rows,
-            "allow_empty": allow_empty,
-            "reading": reading,
-            "turns": turns,
-            "max_unexpected_row_share": max_unexpected_row_share,
-            "mode_mix": mode_mix,
-            "tool_divergence": tool_divergence,
-        }
+        check_bad_rows(tally, source, max_unexpected_row_share, allow_empty, on_bad_rows)
         writer.close(table_provenance(source, tokenizer, profile, tally, params, mix))
     progress.finish()
     usable = tally.rows - tally.skipped
@@ -149,12 +127,9 @@ def table_provenance(
     }
 
 
-def check_bad_rows(
-    tally: "Tally", source: Path, *, max_unexpected_row_share: float, allow_empty: bool, on_bad_rows: str
-) -> None:
-    """Fail the category where its unusable rows say so: more unexpected errors than
-    `max_unexpected_row_share` allows, no usable row at all (unless `allow_empty`), or any skipped
-    row under `on_bad_rows: fail`."""
+def check_bad_rows(tally: "Tally", source: Path, max_unexpected_row_share: float, allow_empty: bool, on_bad_rows: str):
+    """Fail the category on too many unexpected errors, no usable row (unless `allow_empty`), or any
+    skipped row under `on_bad_rows: fail`."""
     if tally.unexpected > max_unexpected_row_share * tally.rows:
         raise UnexpectedRows(
             f"{tally.unexpected} of {tally.rows} rows of {source} were skipped by an unexpected error, more than "

@@ -67,12 +67,9 @@ def check_vocab(
     target_vocab_size: int | None = None,
     max_length: int | None = None,
 ) -> list[str]:
-    """Every way the mapping in `vocab` does not belong to `train` and the tokenizer (empty: it does), by
-    its `provenance.json` (`steps.vocab_mapping`): the data's sha256, the tokenizer's sha256 and length,
-    the vocabulary sizes, `max_length`, and its own files.
-
-    `tokenizer` is `tokens.vocabulary.tokenizer_fingerprint` of the tokenizer at hand; the sizes and
-    `max_length`, when given, are those the trainer is configured with."""
+    """Every way the mapping in `vocab` does not belong to `train` and the tokenizer (empty: it does),
+    by its `provenance.json`. `tokenizer` is `tokenizer_fingerprint` of the tokenizer at hand; the
+    sizes and `max_length`, when given, are those the trainer is configured with."""
     path = vocab / PROVENANCE
     if not path.is_file():
         return [f"provenance: {path} is missing, so nothing says what the mapping was built from; build it again"]

@@ -1,22 +1,14 @@
 """The loss tokens' frequencies and the draft vocabulary, in the files both trainers read.
 
-One pass over `train.jsonl` counts every loss-masked token id (`input_ids[loss_mask == 1]`, as both
-trainers count). From the counts, the draft vocabulary is the `draft_vocab_size` most frequent ids
-(ties: the lower id first), padded with the lowest unused ids below `draft_vocab_size` when fewer
-were seen, in ascending order — speculators' rule (`build_vocab_mappings_from_distribution`):
+One pass over `train.jsonl` counts every loss-masked token id. The draft vocabulary is the
+`draft_vocab_size` most frequent ids (ties: the lower id first), padded with the lowest unused ids
+when fewer were seen, ascending: speculators' `build_vocab_mappings_from_distribution`. `d2t` (int64:
+target id = draft index + d2t[draft index]) and `t2d` (bool: which target ids the draft holds) go to
+`vocab_mapping.pt` (SpecForge), `d2t.npy` and `t2d.npy` (speculators), the counts to `token_freq.pt`.
 
-- `d2t` (int64, `[draft_vocab_size]`): offsets, target id = draft index + d2t[draft index];
-- `t2d` (bool, `[target_vocab_size]`): which target ids the draft vocabulary holds.
-
-Files: `vocab_mapping.pt` = `torch.save({"d2t": d2t, "t2d": t2d})` (SpecForge `model.vocab_mapping_path`);
-`token_freq.pt` = `torch.save(dict[int, int])` (speculators' `token_freq.pt`), `d2t.npy` and
-`t2d.npy` (speculators `--d2t-path`, `--t2d-path`).
-
-`provenance.json` beside them says what the mapping was built from: the sha256 of `train.jsonl`
-(taken in the same pass), its rows and loss tokens, the tokenizer's sha256 and length (from the
-prompts tables' provenance), the draft and target vocabulary sizes, `export.filters.max_length`, and
-the sha256 of each file written. A draft vocabulary counted on other data, or on another tokenizer's
-ids, trains a draft that rarely proposes what the target accepts, and nothing fails:
+`provenance.json` says what the mapping was built from (the data's and tokenizer's sha256, sizes,
+`export.filters.max_length`, each file's sha256): a draft vocabulary counted on other data or
+another tokenizer's ids fails nothing but rarely proposes what the target accepts, so
 `steps.vocab_check` refuses such a mapping by these records.
 """
 
