@@ -18,6 +18,7 @@ calls), `tool_call_reshaped` (`first_diff` inside the tool section), `text_after
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -76,13 +77,8 @@ class _Checker(ChatLayer):
         super().__init__(tokenizer, profile)
         section = _SECTION_TOKENS.get(self.tool_parser or "")
         self.section_ids = tuple(token_ids(tokenizer, section)) if section else None
-        self._ws_cache: dict[int, bool] = {}
-
-    def _is_ws(self, tid: int) -> bool:
-        hit = self._ws_cache.get(tid)
-        if hit is None:
-            hit = self._ws_cache[tid] = self.tokenizer.decode([tid]).strip() == "" and tid not in self.stops
-        return hit
+        # Whether an id decodes to whitespace alone, asked once per id.
+        self._is_ws = functools.cache(lambda tid: tokenizer.decode([tid]).strip() == "" and tid not in self.stops)
 
     def tolerated_tail(self, route: list[int], expected_ends_with_stop: bool) -> int:
         """How many trailing route tokens are the template's own end of turn (see the module doc)."""

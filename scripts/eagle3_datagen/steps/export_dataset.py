@@ -134,7 +134,8 @@ class TurnMerger:
         self._spans: list[tuple[int, int]] = []  # a loss span per turn of the chain
         self._flags: set[str] = set()
 
-    def _emit(self) -> list[dict]:
+    def flush(self) -> list[dict]:
+        """The row of the chain held back, if any."""
         if self._last is None:
             return []
         row = dataset_row(self._last, self._spans, len(self._spans), sorted(self._flags))
@@ -163,15 +164,12 @@ class TurnMerger:
                 self._not_merged(mode, NOT_EXTENDED)
             elif row["turn"]:
                 self._not_merged(mode, GAP)
-            out += self._emit()
+            out += self.flush()
             self._last, self._spans, self._flags = row, [span], set(row.get("flags") or ())
         return out
 
     def _not_merged(self, mode: str, why: str) -> None:
         self.not_merged.setdefault(mode, Counter())[why] += 1
-
-    def flush(self) -> list[dict]:
-        return self._emit()
 
     def stats(self) -> dict:
         return {

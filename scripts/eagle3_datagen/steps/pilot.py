@@ -34,10 +34,10 @@ from eagle3_datagen.storage.trainer_rows import dataset_row
 log = logging.getLogger(__name__)
 
 
-def sample_keys(prompts: Path, pilot: dict, seed: int) -> tuple[set, int]:
-    """(the sampled (id, sample_index, mode) keys, the category's usable conversations): per serving
-    mode (each projected from its own sample), the max(min_rows, ceil(fraction x usable)) usable rows
-    of that mode with the smallest seeded hashes."""
+def sample_keys(prompts: Path, pilot: dict, seed: int, order: tuple[str, ...] = ()) -> tuple[set, dict[str, int]]:
+    """(the sampled (id, sample_index, mode) keys, the usable conversations per mode, modes in `order`
+    first): per serving mode (each projected from its own sample), the max(min_rows, ceil(fraction x
+    usable)) usable rows of that mode with the smallest seeded hashes."""
     settings = PilotSettings.from_config(pilot)
     drawn: dict[str, list] = {}
     for rows in iter_batches(prompts, columns=["id", "sample_index", "mode", "status"]):
@@ -46,20 +46,12 @@ def sample_keys(prompts: Path, pilot: dict, seed: int) -> tuple[set, int]:
                 key = (r["id"], int(r["sample_index"]), r["mode"])
                 # A profile's one default mode draws as before modes were: the same sample.
                 hashed = key[:2] if r["mode"] == DEFAULT_MODE else key
-                drawn.setdefault(r["mode"], []).append((stable_hash([seed, "pilot", *hashed]), key))
+                drawn.setdefault(r["mode"] or DEFAULT_MODE, []).append((stable_hash([seed, "pilot", *hashed]), key))
     keys = set()
     for in_mode in drawn.values():
         n = min(len(in_mode), max(settings.min_rows, math.ceil(settings.fraction * len(in_mode))))
         keys |= {key for _, key in sorted(in_mode)[:n]}
-    return keys, sum(len(in_mode) for in_mode in drawn.values())
-
-
-def usable_by_mode(prompts: Path, order: tuple[str, ...] = ()) -> dict[str, int]:
-    """The category's usable conversations (prompts rows of status ok) per mode, modes in `order` first."""
-    counts: Counter = Counter()
-    for rows in iter_batches(prompts, columns=["mode", "status"]):
-        counts.update(r["mode"] or DEFAULT_MODE for r in rows if r["status"] == "ok")
-    return {mode: counts[mode] for mode in dict.fromkeys([*order, *counts]) if counts[mode]}
+    return keys, {mode: len(drawn[mode]) for mode in dict.fromkeys([*order, *drawn]) if drawn.get(mode)}
 
 
 def pilot_generate(
@@ -80,9 +72,9 @@ def pilot_generate(
     quality: dict | None = None,
 ) -> dict:
     """Generate the category's pilot sample (every turn of its conversations) and record what it took."""
-    keys, usable = sample_keys(prompts, pilot, seed)
     profile = ModelProfile.from_config(model)
-    by_mode = usable_by_mode(prompts, profile.mode_names)
+    keys, by_mode = sample_keys(prompts, pilot, seed, profile.mode_names)
+    usable = sum(by_mode.values())
     sampled = Counter(key[2] or DEFAULT_MODE for key in keys)
     facts = read_provenance(prompts)
 
