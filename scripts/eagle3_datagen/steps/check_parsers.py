@@ -25,6 +25,9 @@ import re
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+
 from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.settings import ModelProfile
 from eagle3_datagen.storage.tables import Batching, TableWriter, count_rows, iter_batches, logged
@@ -95,16 +98,8 @@ class _Checker(ChatLayer):
 
 def _first_diff(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # binary search on prefix equality (list slices compare in C)
-    while hi - lo > 64:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return next(i for i in range(lo, hi) if a[i] != b[i])
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if differ.size else n
 
 
 def _section_span(output: list[int], offset: int, section_ids) -> tuple[int, int] | None:
@@ -228,25 +223,22 @@ def counts(verdict_rows: list[dict] | Counter) -> dict:
     return out
 
 
-def verdict_schema():
-    import pyarrow as pa
-
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            ("sample_index", pa.int32()),
-            ("turn", pa.int32()),
-            ("mode", pa.string()),
-            ("verdict", pa.string()),
-            ("first_diff", pa.int64()),
-            ("excerpt_expected", pa.string()),
-            ("excerpt_route", pa.string()),
-            ("n_reasoning_tokens", pa.int32()),
-            ("n_answer_tokens", pa.int32()),
-            ("has_tools", pa.bool_()),
-            ("finish_type", pa.string()),
-        ]
-    )
+VERDICT_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("sample_index", pa.int32()),
+        ("turn", pa.int32()),
+        ("mode", pa.string()),
+        ("verdict", pa.string()),
+        ("first_diff", pa.int64()),
+        ("excerpt_expected", pa.string()),
+        ("excerpt_route", pa.string()),
+        ("n_reasoning_tokens", pa.int32()),
+        ("n_answer_tokens", pa.int32()),
+        ("has_tools", pa.bool_()),
+        ("finish_type", pa.string()),
+    ]
+)
 
 
 def check_parsers(
@@ -263,7 +255,7 @@ def check_parsers(
         "sglang_version": profile.sglang_version,
     }
     per_mode: dict[str, Counter] = {}
-    with TableWriter(verdicts, verdict_schema(), batching) as writer:
+    with TableWriter(verdicts, VERDICT_SCHEMA, batching) as writer:
         for gens in logged(iter_batches(generations, batching), count_rows(generations), "check_parsers"):
             rows = check_rows(gens, tokenizer=tokenizer, profile=profile, checkers=checkers)
             for r in rows:

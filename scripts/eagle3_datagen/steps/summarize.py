@@ -1,11 +1,10 @@
-"""Per-category and per-mode accounting.
+"""Per-category and per-mode accounting, streamed from each category's generations and rejected records.
 
 The summary counts every row (id, sample_index, turn, mode) exactly once, as ok (exported), skipped,
-failed or filtered, per category and serving mode. It is computed from one streamed pass over each category's generations (lengths from
-the Parquet list offsets) and its rejected records. The turns table counts the same rows per turn
-index, with the reason of every row that was not produced (a conversation that ended early).
+failed or filtered; the turns table counts them per turn index, with the reason of each row not produced.
 """
 
+import functools
 import logging
 import re
 from collections import Counter
@@ -83,8 +82,7 @@ def reason_kind(reason: str) -> str:
 
 def read_rejected(rejected: str | Path) -> tuple[dict, dict, dict, dict]:
     """({mode: rows per status}, the filtered rows' reasons and quality flags by key, {mode: flag
-    counts}) of a category's rejected records. `quarantined_<code>` counts the flagged rows that were
-    left out, whichever flag (its record's `code`) or export filter left them out."""
+    counts}) of a category's rejected records: every flag of a filtered row counts as quarantined."""
     counts: dict[str, dict] = {}
     quality: dict[str, dict] = {}
     filtered, flagged = {}, {}  # generated (status ok) but left out of the dataset; ok keys are unique
@@ -202,11 +200,8 @@ def category_summary(
     if not tallies:  # an empty category still has its row
         tallies[DEFAULT_MODE] = _ModeTally()
     if len(tallies) == 1:
-        ((mode, tally),) = tallies.items()
-        return [tally.row(category, mode, normalization or {})], lengths
-    whole = _ModeTally()
-    for tally in tallies.values():
-        whole.add(tally)
+        return [tally.row(category, mode, normalization or {}) for mode, tally in tallies.items()], lengths
+    whole = functools.reduce(_ModeTally.add, tallies.values(), _ModeTally())
     rows = [tally.row(category, mode, None) for mode, tally in tallies.items()]
     return rows + [whole.row(category, ALL_MODES, normalization or {})], lengths
 

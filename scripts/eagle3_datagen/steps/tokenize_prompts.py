@@ -120,7 +120,7 @@ def table_provenance(
         "control_token_policy": CONTROL_TOKEN_POLICY,
         "normalization": tally.normalization,
         "turns": params["turns"],
-        "tool_divergence": params.get("tool_divergence", "end"),
+        "tool_divergence": params["tool_divergence"],
         "max_turns": tally.max_turns,
         "unexpected_rows": tally.unexpected,
         "params": params,
@@ -205,11 +205,6 @@ def input_batches(rows: Iterable[PromptRow], batching: Batching) -> Iterator[lis
         yield batch
 
 
-def row_seed(base_seed: int, row_id: str, sample_index: int) -> int:
-    """A stable per-request seed: the same row and sample always draw the same seed."""
-    return int(stable_hash([base_seed, row_id, sample_index])[:15], 16) % (2**31 - 1)
-
-
 def mode_chats(chat: ChatTokenizer, profile: ModelProfile, modes: tuple[str, ...] = ()) -> dict[str, ChatTokenizer]:
     """A chat tokenizer per mode (`modes`, default: every mode of the profile), sharing one tokenizer;
     `chat` serves its own mode."""
@@ -284,8 +279,8 @@ def build_prompt_rows(
                         "turn_ends": ends.get(id(row), []),
                         "n_prompt_tokens": len(prompt_ids),
                         "max_new_tokens": max_new,
-                        # A conversation's seed is its own in every mode: a mode is what differs.
-                        "seed": row_seed(base_seed, row.id, sample_index),
+                        # Stable per row and sample, the same in every mode: a mode is what differs.
+                        "seed": int(stable_hash([base_seed, row.id, sample_index])[:15], 16) % (2**31 - 1),
                         "status": "ok" if reason is None else "skipped",
                         "reason": reason or "",
                     }
