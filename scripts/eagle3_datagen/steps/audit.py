@@ -1,14 +1,10 @@
-"""Audit: the quality gate run on a trainer dataset made elsewhere, without any server.
+"""Audit: the quality gate run on a trainer dataset made elsewhere, without any server (docs/data.md).
 
     eagle3-datagen audit --data train.jsonl --config config/qwen3.yaml \\
         --tokenizer /models/Qwen3-8B --out results/audit/NAME/
 
-Judges every row (JSON lines of `{"input_ids", "loss_mask", ...}`, or this pipeline's Parquet
-dataset; streamed) by `quality.audit.audit_row` against the tokenizer's facts and the config's
-`quality.loop`, and writes to `--out`: `flags.jsonl` (per row its 1-based line, id and flags),
-`reasons.tsv` and `reasons.png` (rows and share per code), and `audit.json` (the counts and what the
-rows were judged against: turn ends, every stop id and where each came from). A line that is not
-JSON is a row flagged `unreadable_row`; the rest of the file is still audited.
+Every row (JSON lines or this pipeline's Parquet, streamed) is judged by `quality.audit.audit_row`;
+a line that is not JSON is a row flagged `unreadable_row` and the rest of the file is still audited.
 """
 
 import argparse
@@ -19,11 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
+import pyarrow.parquet as pq
 
 from eagle3_datagen.figures.base import pyplot, save
 from eagle3_datagen.quality.audit import AUDIT_CODES, AuditSettings, audit_row
 from eagle3_datagen.quality.flags import Flag, QualityFacts, QualitySettings
 from eagle3_datagen.settings import SCHEMA_PATH, ModelProfile, defaults
+from eagle3_datagen.storage.tables import iter_rows as table_rows
 from eagle3_datagen.tokens.token_facts import token_facts
 from eagle3_datagen.tokens.vocabulary import load_tokenizer
 
@@ -36,15 +34,9 @@ KEPT_KEYS = ("sample_index", "turn", "mode")  # carried from a row into its reco
 def iter_rows(path: Path) -> Iterator[tuple[int, object, str | None]]:
     """(1-based line or row number, the parsed row or None, why it could not be read or None)."""
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        source = pq.ParquetFile(path)
-        columns = [c for c in PARQUET_COLUMNS if c in source.schema_arrow.names]
-        number = 0
-        for batch in source.iter_batches(batch_size=1024, columns=columns):
-            for row in batch.to_pylist():
-                number += 1
-                yield number, row, None
+        names = pq.ParquetFile(path).schema_arrow.names
+        rows = table_rows(path, columns=[c for c in PARQUET_COLUMNS if c in names])
+        yield from ((number, row, None) for number, row in enumerate(rows, 1))
         return
     with open(path, "rb") as fh:
         for number, line in enumerate(fh, 1):
@@ -80,7 +72,7 @@ def audit_settings(model: dict, quality: dict | None = None, vocab_size: int | N
 
 
 def audit(*, data: Path, out: Path, settings: AuditSettings, against: dict | None = None) -> dict:
-    """Audit every row of `data` into `out` (see the module doc); returns audit.json's content."""
+    """Audit every row of `data` into `out`: flags.jsonl, reasons.tsv and .png, audit.json (returned)."""
     out.mkdir(parents=True, exist_ok=True)
     counts: Counter = Counter()
     rows = clean = 0

@@ -1,19 +1,11 @@
-"""check_parsers: does the OpenAI chat route give back the exact tokens we generated?
+"""check_parsers: does the OpenAI chat route give back the exact tokens we generated? (docs/quality.md)
 
-For each ok generation row this replays what SGLang's chat layer and a text-based trainer would do:
-decode `output_ids` as `serving_chat` does (a trailing stop id trimmed on a `stop` finish; special
-tokens skipped unless the row has tools), run the reasoning parser (with the chat layer's forcing) and,
-with tools, the tool-call parser, rebuild the assistant message, render the whole conversation with
-`add_generation_prompt=False` and tokenize it (`route`), then compare with `prompt_ids + output_ids`.
-
-The row is `exact` when the route starts with the expected ids and every extra route token is the
-template's own end of turn (whitespace tokens, and one stop id when the output ended without one).
-Otherwise `first_diff` is where the two first differ and `classify` names the first class that
-applies: `reasoning_token_lost` (`</think>` skipped as a special token or missing from the route),
-`truncated_without_reasoning_end` (cut with no `</think>`: the template closes one never generated),
-`reasoning_dropped_by_template` (Kimi drops the reasoning of the last assistant turn without tool
-calls), `tool_call_reshaped` (`first_diff` inside the tool section), `text_after_tool_section_dropped`,
-`retokenization_drift` (same text, other ids), `whitespace_changed`, `other`.
+Each ok row's output is decoded, parsed and rendered back as SGLang's chat layer would (the `route`)
+and compared with `prompt_ids + output_ids`. It is `exact` when the route starts with them and every
+extra token is the template's own end of turn (whitespace tokens, and one stop id where the output
+ended without one); otherwise `classify` names the first way the tokens were lost, `first_diff` where.
+Kimi templates drop the reasoning of the last assistant turn without tool calls
+(`reasoning_dropped_by_template`); a cut answer without `</think>` gets one the model never generated.
 """
 
 from __future__ import annotations
@@ -50,7 +42,7 @@ EXCERPT_BEFORE, EXCERPT_AFTER = 12, 20
 
 
 def classify(ck, row: dict, expected, route, core, first_diff: int, n_end: int, text, reasoning, rendered) -> str:
-    """The first class that applies to a row that is not exact (see the module doc): `core` is the
+    """How a row that is not exact lost its tokens, the first class that applies: `core` is the
     route without the tolerated template tail, `n_end` the `</think>` ids in the output, `text` the
     output as the chat layer decoded it, `reasoning` what the parser took as reasoning."""
     n_prompt = len(row["prompt_ids"])

@@ -1,8 +1,5 @@
-"""Export: trainer-ready rows (`input_ids`, `loss_mask`) plus an account of every row left out.
-
-The row shape is the one SpecForge's pre-tokenized path and speculators' `prepare_data.py` both read:
-`{"input_ids": prompt_ids + output_ids, "loss_mask": [0]*len(prompt) + [1]*len(output)}`; the other
-keys travel along and both trainers ignore them.
+"""Export: trainer-ready rows (`input_ids`, `loss_mask`: the shape SpecForge's pre-tokenized path and
+speculators' `prepare_data.py` both read, docs/data.md) plus an account of every row left out.
 """
 
 import hashlib

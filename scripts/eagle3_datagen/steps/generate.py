@@ -1,6 +1,5 @@
 """generate: one shard of a category through SGLang's native /generate (`generation.run`), and
 merge_shards, which joins a category's shards into one table in prompt order.
-The rows themselves are made, counted and merged by `generation.assemble`.
 """
 
 import itertools

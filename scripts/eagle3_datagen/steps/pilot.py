@@ -1,12 +1,6 @@
-"""The pilot: a seeded sample of each category generated on the configured engine, and a projection
-of the full run from it, before the GPU bill.
-
-`pilot_generate` sends the sample's conversations, every turn, through the generate job's own code
-into the category's journal directory (`cache/journal/{category}/pilot.jsonl`: the full run reuses
-every answer) and records what it took. `project_pilot` scales the sample to each category's usable
-conversations per serving mode (`generation.projection`), with each quality flag's share among the
-pilot's rows and the output tokens with and without the live loop stop (worked out per row,
-whichever way the pilot ran).
+"""The pilot (docs/running.md): a seeded sample of each category generated on the configured engine
+into the category's journal (the full run reuses every answer), and the projection of the full run
+from it, per serving mode (`generation.projection`), before the GPU bill.
 """
 
 import json
@@ -153,11 +147,10 @@ def row_quality(row: dict, facts: QualityFacts, quality: QualitySettings) -> tup
 COUNTED = MEASURES + LIVE_STOP_MEASURES + FLAG_COUNTS
 
 
-def conversation_measures(path: Path, quality: QualitySettings | None = None) -> list[dict]:
+def conversation_measures(path: Path, quality: QualitySettings) -> list[dict]:
     """Per sampled conversation: requests (turns sent), prompt and output tokens, turns cut at
     max_new_tokens, its rows' bytes as dataset JSONL lines, its output tokens with and without the
     live loop stop, and its generated rows, in all and per flag code; and its `mode`."""
-    quality = quality or QualitySettings()
     facts = QualityFacts.from_token_facts(read_provenance(path)["prompts"])
     per: dict[tuple, dict] = {}
     for r in iter_rows(path):
@@ -228,8 +221,7 @@ def project_pilot(
     settings = QualitySettings.from_config(quality)
     rows = []
     for category, gen_path, run_path in zip(categories, pilot_generations, pilot_run):
-        measures = conversation_measures(gen_path, settings)
-        rows += category_rows(category, measures, json.loads(run_path.read_text()))
+        rows += category_rows(category, conversation_measures(gen_path, settings), json.loads(run_path.read_text()))
     totals = total_rows(rows)
     total = totals[-1]
     frame = pd.DataFrame(rows + totals)

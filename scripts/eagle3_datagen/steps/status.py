@@ -2,13 +2,8 @@
 
     eagle3-datagen status [--watch [S]] [--configfile config/config.yaml ...] [--json]
 
-Read-only and lock-free (safe beside running jobs and on NFS): the categories sheet, each shard's
-plan, progress file, journal lock and output table, and Snakemake's markers of jobs in flight
-(`.snakemake/incomplete/`, which hold a submitted job's SLURM id). No Snakemake, no pandas: it
-starts in a fraction of a second.
-
-A shard is `waiting`, `queued` (with its SLURM id once submitted), `starting`, `sending`, `done`,
-`failed` or `killed` (its job died without a word: the lock is free, the progress file says sending).
+Read-only and lock-free, so safe beside running jobs and on NFS (docs/running.md); no Snakemake and
+no pandas, so it starts in a fraction of a second.
 """
 
 import argparse
@@ -251,8 +246,7 @@ def render(views: list[CategoryView], root: Path, now: float) -> str:
     rows = table(views, now)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     left = {0, 1, 2}
-    snakemake = Markers(root).says()
-    lines = [f"{root} at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}: {snakemake}", ""]
+    lines = [f"{root} at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}: {Markers(root).says()}", ""]
     for r in rows:
         cells = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
         lines.append("  ".join(cells + [r[-1]]).rstrip())

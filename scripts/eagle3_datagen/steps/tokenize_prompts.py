@@ -1,11 +1,8 @@
 """tokenize_prompts: one category's prompts table — normalized rows, exact prompt ids, budgets, seeds.
 
-The table's provenance also carries the token facts every later step needs (`token_facts.token_facts`:
-the tokenizer's fingerprint, vocabulary size, stop and reasoning ids), so that planning and
-generation never load the tokenizer.
-
-Each mode's prompts are checked to end with its prompt suffix as they are made (`prompt_suffix`):
-a suffix the template does not render fails the category on its first prompts, before any GPU time.
+Its provenance carries the token facts every later step needs (`token_facts.token_facts`), so that
+planning and generation never load the tokenizer. A prompt suffix the template does not render
+fails the category on its first prompts, before any GPU time.
 """
 
 import json

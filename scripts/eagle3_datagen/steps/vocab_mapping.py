@@ -1,15 +1,8 @@
-"""The loss tokens' frequencies and the draft vocabulary, in the files both trainers read.
+"""The loss tokens' frequencies and the draft vocabulary, in the files both trainers read (docs/data.md).
 
-One pass over `train.jsonl` counts every loss-masked token id. The draft vocabulary is the
-`draft_vocab_size` most frequent ids (ties: the lower id first), padded with the lowest unused ids
-when fewer were seen, ascending: speculators' `build_vocab_mappings_from_distribution`. `d2t` (int64:
-target id = draft index + d2t[draft index]) and `t2d` (bool: which target ids the draft holds) go to
-`vocab_mapping.pt` (SpecForge), `d2t.npy` and `t2d.npy` (speculators), the counts to `token_freq.pt`.
-
-`provenance.json` says what the mapping was built from (the data's and tokenizer's sha256, sizes,
-`export.filters.max_length`, each file's sha256): a draft vocabulary counted on other data or
-another tokenizer's ids fails nothing but rarely proposes what the target accepts, so
-`steps.vocab_check` refuses such a mapping by these records.
+One pass over `train.jsonl` counts every loss-masked token id and takes its sha256. The draft
+vocabulary follows speculators' `build_vocab_mappings_from_distribution`; `provenance.json` records
+what it was built from, so that `steps.vocab_check` can refuse it for other data or another tokenizer.
 """
 
 import hashlib
@@ -64,7 +57,8 @@ def loss_token_counts(path: Path, vocab_size: int, digest=None) -> tuple[np.ndar
 
 
 def draft_vocabulary(counts: np.ndarray, draft_vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(d2t, t2d) of the `draft_vocab_size` most frequent ids (see the module doc)."""
+    """(d2t, t2d) of the `draft_vocab_size` most frequent ids, ties to the lower id, padded with the
+    lowest unused ids when fewer were seen; target id = draft index + d2t[draft index]."""
     vocab_size = counts.size
     if draft_vocab_size > vocab_size:
         raise ValueError(f"draft_vocab_size {draft_vocab_size} is larger than the target vocabulary {vocab_size}")
