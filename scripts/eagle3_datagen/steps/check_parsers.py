@@ -127,9 +127,8 @@ def _routes(
 
 
 def _reasoning_and_answer(ck: _Checker, output: list[int], n_end: int) -> tuple[int, int]:
-    """How many output tokens are reasoning and how many answer: split at the first `</think>`, all
-    reasoning when the parser takes an answer without one as reasoning (forced, or begun with
-    `<think>`), else all answer."""
+    """(reasoning, answer) output tokens: split at the first `</think>`; without one, all reasoning where
+    the parser takes it so (forced, or begun with `<think>`), else all answer."""
     if n_end:
         pos = output.index(ck.think_end_id)
         return pos, len(output) - pos - 1
@@ -216,20 +215,20 @@ def counts(verdict_rows: list[dict] | Counter) -> dict:
 
 
 VERDICT_SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("sample_index", pa.int32()),
-        ("turn", pa.int32()),
-        ("mode", pa.string()),
-        ("verdict", pa.string()),
-        ("first_diff", pa.int64()),
-        ("excerpt_expected", pa.string()),
-        ("excerpt_route", pa.string()),
-        ("n_reasoning_tokens", pa.int32()),
-        ("n_answer_tokens", pa.int32()),
-        ("has_tools", pa.bool_()),
-        ("finish_type", pa.string()),
-    ]
+    {
+        "id": pa.string(),
+        "sample_index": pa.int32(),
+        "turn": pa.int32(),
+        "mode": pa.string(),
+        "verdict": pa.string(),
+        "first_diff": pa.int64(),
+        "excerpt_expected": pa.string(),
+        "excerpt_route": pa.string(),
+        "n_reasoning_tokens": pa.int32(),
+        "n_answer_tokens": pa.int32(),
+        "has_tools": pa.bool_(),
+        "finish_type": pa.string(),
+    }
 )
 
 

@@ -75,10 +75,8 @@ def filter_reason(row: dict, filters: Filters) -> tuple[str, str] | None:
 
 
 def split_rows(generations: list[dict], filters: Filters, gate: Gate | None = None) -> tuple[list[dict], list[dict]]:
-    """(generation rows for the dataset, rejected records): every row lands in exactly one of the two.
-
-    An ok row is judged by the quality `gate` first (a flag its policy quarantines makes it a
-    `filtered` record with that code), then by the export filters; a kept row carries its flags."""
+    """(generation rows for the dataset, rejected records): every row lands in exactly one of the two,
+    an ok row judged by the quality `gate` first, then by the export filters."""
     dataset, rejected = [], []
     for row in generations:
         status, reason, code, flags = row["status"], row.get("error") or "", "", []
@@ -115,13 +113,9 @@ GAP = "the turn before is not in the dataset (filtered)"
 
 
 class TurnMerger:
-    """Dataset rows of generation rows in conversation order; with `merge`, consecutive turns of a
-    conversation join into one row wherever the later turn's `prompt_ids` start with the earlier
-    turn's `prompt_ids + output_ids` token for token (several loss spans, the same targets).
-
-    A chain may span batches: `feed` holds its last row back until the next turn shows whether it
-    extends it; `flush` gives the last one. Per mode, `merged` counts the turns joined into an
-    earlier row, `not_merged` the later turns (turn ≥ 1) that start a row of their own, by reason."""
+    """Dataset rows of generation rows in conversation order; with `merge`, a turn whose `prompt_ids`
+    start with the turn before's `prompt_ids + output_ids` joins its row (a loss span per turn). `feed`
+    holds a chain's last row back until the next turn shows whether it extends it; `flush` gives it."""
 
     def __init__(self, merge: bool):
         self.merge = merge

@@ -89,9 +89,7 @@ def generate(
 def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: Path, batch: dict | None = None) -> None:
     """Join a category's generate shards into one generations table, in prompt order.
 
-    Each shard holds its rows in prompt order, so the merge walks the prompts table once and takes
-    each run of rows from its shard, as Arrow slices (no id is converted to Python): a batch per
-    shard in memory, whatever the category's size."""
+    The merge walks the prompts table once and takes each run of rows from its shard as Arrow slices."""
     batching = Batching.from_config(batch)
     shards = len(shard_generations)
     provenance = [read_provenance(path) for path in shard_generations]

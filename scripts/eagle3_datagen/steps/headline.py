@@ -120,9 +120,8 @@ def _structure(summary: list[dict]) -> tuple[dict[str, list[str]], str, list[str
 def headline_values(
     summary: list[dict], checks: dict[str, dict], usage: dict[str, dict], projection: list[dict] | None = None
 ) -> dict:
-    """The headline as data: `rows` (a category's whole row, then its modes where it has several, then
-    the totals: overall, then per mode where the run has several), each with its counts, the verdicts
-    of its parser checks and, on whole rows, hours used and projected; and `total`, the overall row."""
+    """The headline as data: `rows` (per category, its modes, then the totals), each with its counts,
+    parser-check verdicts and, on whole rows, hours used and projected; `total`, the overall row."""
     by_key = {(r["category"], r["mode"]): r for r in summary}
     projected = {(r["category"], r["mode"]): r for r in projection or []}
     modes, overall, mode_totals = _structure(summary)

@@ -29,9 +29,8 @@ log = logging.getLogger(__name__)
 
 
 def sample_keys(prompts: Path, pilot: dict, seed: int, order: tuple[str, ...] = ()) -> tuple[set, dict[str, int]]:
-    """(the sampled (id, sample_index, mode) keys, the usable conversations per mode, modes in `order`
-    first): per serving mode (each projected from its own sample), the max(min_rows, ceil(fraction x
-    usable)) usable rows of that mode with the smallest seeded hashes."""
+    """(the sampled (id, sample_index, mode) keys, usable conversations per mode, `order` first): per
+    mode, the max(min_rows, ceil(fraction x usable)) usable rows with the smallest seeded hashes."""
     settings = PilotSettings.from_config(pilot)
     drawn: dict[str, list] = {}
     for rows in iter_batches(prompts, columns=["id", "sample_index", "mode", "status"]):
@@ -125,11 +124,8 @@ def pilot_generate(
 
 
 def row_quality(row: dict, facts: QualityFacts, quality: QualitySettings) -> tuple[list[str], int, int]:
-    """(the generated row's flag codes, its output tokens with the live loop stop, without it).
-
-    A row the client stopped as a loop (`LOOP_FINISH`) would have run to its max_new_tokens; a row
-    that ends in a loop otherwise would have been stopped at the loop's onset, plus the tokens a
-    loop of its period must cover, plus one streamed chunk (never more than it has)."""
+    """(the generated row's flag codes, its output tokens with the live loop stop, without it): the
+    stop cuts a loop at its onset plus the tokens its period must cover plus one streamed chunk."""
     output_ids, finish = row["output_ids"], row["finish_type"]
     n = len(output_ids)
     codes = [f.code for f in row_flags(row["prompt_ids"], output_ids, finish, facts, quality.loop)]
@@ -148,9 +144,8 @@ COUNTED = MEASURES + LIVE_STOP_MEASURES + FLAG_COUNTS
 
 
 def conversation_measures(path: Path, quality: QualitySettings) -> list[dict]:
-    """Per sampled conversation: requests (turns sent), prompt and output tokens, turns cut at
-    max_new_tokens, its rows' bytes as dataset JSONL lines, its output tokens with and without the
-    live loop stop, and its generated rows, in all and per flag code; and its `mode`."""
+    """Per sampled conversation, its `mode` and `COUNTED`: requests, tokens, truncation, bytes, output
+    tokens with and without the live loop stop, generated rows in all and per flag code."""
     facts = QualityFacts.from_token_facts(read_provenance(path)["prompts"])
     per: dict[tuple, dict] = {}
     for r in iter_rows(path):

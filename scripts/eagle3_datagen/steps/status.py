@@ -92,8 +92,7 @@ class Markers:
 
 
 def snakemake_pids(root: Path) -> list[int]:
-    """Snakemake processes of this host working in `root` (Snakemake runs on the submitting host, where
-    `status` is meant to run); a lock without one is a killed run's."""
+    """Snakemake processes of this (the submitting) host working in `root`; a lock without one is a killed run's."""
     pids = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:

@@ -150,10 +150,8 @@ def category_summary(
     merging: dict | None = None,
     turns: Counter | None = None,
 ) -> tuple[list[dict], dict[str, tuple[list[int], list[int]]]]:
-    """(the category's summary rows: one per serving mode, and the whole category as mode `all` when
-    it has several; the prompt and output lengths of its ok rows per mode), streamed.
-
-    `turns`, when given, gets (mode, turn, status, reason kind) -> [rows, output tokens, flags] of every row."""
+    """(the category's summary rows: per serving mode, and as mode `all` when it has several; the prompt
+    and output lengths of its ok rows per mode); `turns` gets the turns table's cells of every row."""
     counts, filtered, flagged, quality = read_rejected(rejected)
     merging = merging or {}
     kept_by_mode = (merging.get("quality") or {}).get("kept_flags_by_mode") or {}
@@ -207,8 +205,7 @@ def category_summary(
 
 
 def write_turns(per_category: dict[str, Counter], path: Path) -> pd.DataFrame:
-    """Rows and output tokens per category, mode, turn index, status and reason (the turns table), and
-    how many of those rows each quality flag marks (`flag_<code>`)."""
+    """The turns table: rows, output tokens and `flag_<code>` per category, mode, turn, status and reason."""
     columns = ["category", "mode", "turn", "status", "reason", "rows", "output_tokens", *(f"flag_{c}" for c in CODES)]
     records = [
         (category, mode, turn, status, reason, n, tokens, *(int(flags[code]) for code in CODES))
@@ -250,9 +247,7 @@ def _total(frame: pd.DataFrame, mode: str, normalization: bool) -> dict:
 
 def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
     """The summary table: a row per category and mode, a category's whole row (mode `all`) where it
-    has several modes, then the totals: per mode where the run has several, and over everything.
-
-    Rows of one mode never overlap; so `frame[frame["mode"] != "all"]` sums to the totals."""
+    has several, then the totals (per mode where the run has several, and over everything)."""
     frame = pd.DataFrame(rows)
     per_mode = frame[frame["mode"] != ALL_MODES]
     separate, overall = mode_totals(list(dict.fromkeys(per_mode["mode"])))

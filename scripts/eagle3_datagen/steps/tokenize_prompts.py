@@ -98,9 +98,8 @@ def tokenize_prompts(
 def table_provenance(
     source: Path, tokenizer, profile: ModelProfile, tally: "Tally", params: dict, mix: ModeMix
 ) -> dict:
-    """The prompts table's provenance: the token facts every later step reads instead of the
-    tokenizer (each mode's prompt suffix and prompt-only ids under `modes`), the mode mix with the
-    seed that drew it, what normalization changed, and the step's parameters."""
+    """The prompts table's provenance: the token facts later steps read instead of the tokenizer (per
+    mode under `modes`), the mode mix and its seed, what normalization changed, the step's parameters."""
     return {
         "prompts_file": str(source),
         **token_facts(tokenizer, profile),
@@ -223,12 +222,9 @@ def build_prompt_rows(
     turns: str = "last",
     mix: ModeMix | None = None,
 ) -> list[dict]:
-    """Prompt table rows: one per (id, mode, sample_index); skipped rows keep their reason.
-
-    Each conversation is rendered in its modes (`mix`, default: the profile's first mode), with that
-    mode's template variables (`chat`: a chat tokenizer per mode, or the first mode's). `prompt_ids`
-    are the first regenerated turn's prompt: with `turns: last` the whole conversation, with
-    `turns: all` the history up to the first user message an assistant answers (`turn_ends`)."""
+    """Prompt table rows: one per (id, mode, sample_index), rendered in its modes (`mix`, default: the
+    profile's first); skipped rows keep their reason. `prompt_ids` are the first regenerated turn's
+    prompt (`turn_ends`: `turns: last` the whole conversation, `turns: all` up to the first answer)."""
     chats = chat if isinstance(chat, dict) else mode_chats(chat, profile)
     mix = mix or ModeMix.parse(None, profile.mode_names)
     ends = {id(r): turn_ends(r.messages, turns) for r in rows if r.ok}

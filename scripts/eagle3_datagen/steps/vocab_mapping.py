@@ -64,12 +64,9 @@ def draft_vocabulary(counts: np.ndarray, draft_vocab_size: int) -> tuple[np.ndar
         raise ValueError(f"draft_vocab_size {draft_vocab_size} is larger than the target vocabulary {vocab_size}")
     seen = np.flatnonzero(counts)
     order = seen[np.lexsort((seen, -counts[seen]))]  # count descending, then id ascending
-    selected = list(order[:draft_vocab_size])
-    if len(selected) < draft_vocab_size:
-        taken = set(int(i) for i in selected)
-        pad = (i for i in range(draft_vocab_size) if i not in taken)
-        selected += [next(pad) for _ in range(draft_vocab_size - len(selected))]
-    chosen = np.sort(np.asarray(selected, dtype=np.int64))
+    selected = order[:draft_vocab_size]
+    pad = np.setdiff1d(np.arange(draft_vocab_size), selected)[: draft_vocab_size - selected.size]
+    chosen = np.sort(np.concatenate([selected, pad]).astype(np.int64))
     d2t = chosen - np.arange(draft_vocab_size, dtype=np.int64)
     t2d = np.zeros(vocab_size, dtype=bool)
     t2d[chosen] = True
