@@ -240,11 +240,7 @@ def check_parsers(
     tokenizer = load_tokenizer(profile)
     checkers: dict[str, _Checker] = {}
     batching = Batching.from_config(batch)
-    semantics = {
-        "reasoning_parser": profile.reasoning_parser,
-        "tool_call_parser": profile.tool_call_parser,
-        "sglang_version": profile.sglang_version,
-    }
+    semantics = {key: getattr(profile, key) for key in ("reasoning_parser", "tool_call_parser", "sglang_version")}
     per_mode: dict[str, Counter] = {}
     with TableWriter(verdicts, VERDICT_SCHEMA, batching) as writer:
         for gens in logged(iter_batches(generations, batching), count_rows(generations), "check_parsers"):

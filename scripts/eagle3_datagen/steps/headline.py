@@ -188,9 +188,9 @@ def compute_text(total: dict, engines: list[str]) -> str:
 
 def verdict_mix(verdicts: dict[str, int] | None) -> str:
     """The verdicts that occur, most first: "reasoning dropped by template 95.0 % (142), exact 5.0 % (7)"."""
-    if not verdicts or not sum(verdicts.values()):
+    n = sum((verdicts or {}).values())
+    if not n:
         return "none checked"
-    n = sum(verdicts.values())
     ranked = sorted(((k, v) for k, v in verdicts.items() if v), key=lambda kv: (-kv[1], kv[0]))
     return ", ".join(f"{label(k)} {percent(v / n)} ({count(v)})" for k, v in ranked)
 

@@ -231,18 +231,14 @@ SUMMED = (
 
 def _total(frame: pd.DataFrame, mode: str, normalization: bool) -> dict:
     """A total row over summary rows that do not overlap."""
-    total = {"category": "total", "mode": mode}
-    for col in SUMMED:
-        total[col] = int(frame[col].sum())
+    total = {"category": "total", "mode": mode} | {col: int(frame[col].sum()) for col in SUMMED}
     generated = frame["ok"] + frame["filtered"]
     n = int(generated.sum())
     total["mean_output_tokens"] = round(float((frame["mean_output_tokens"] * generated).sum()) / n, 1) if n else 0.0
     total["truncated_share"] = round(float((frame["truncated_share"] * generated).sum()) / n, 4) if n else 0.0
     total["max_new_tokens"] = int(frame["max_new_tokens"].max()) if "max_new_tokens" in frame and len(frame) else 0
     total["why_not_merged"] = ""
-    for kind in NORMALIZATION:
-        total[kind] = int(frame[kind].sum()) if normalization else None
-    return total
+    return total | {kind: int(frame[kind].sum()) if normalization else None for kind in NORMALIZATION}
 
 
 def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
@@ -254,9 +250,7 @@ def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
     whole = frame[(frame["mode"] == ALL_MODES) | ~frame["category"].isin(frame[frame["mode"] == ALL_MODES]["category"])]
     totals = [_total(per_mode[per_mode["mode"] == mode], mode, False) for mode in separate]
     totals.append(_total(whole, overall, True))
-    frame = pd.concat([frame, pd.DataFrame(totals)], ignore_index=True)
-    for kind in NORMALIZATION:
-        frame[kind] = frame[kind].astype("Int64")
+    frame = pd.concat([frame, pd.DataFrame(totals)], ignore_index=True).astype({k: "Int64" for k in NORMALIZATION})
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, sep="\t", index=False)
     return frame
