@@ -247,15 +247,13 @@ def build_prompt_rows(
         for mode in modes_of[id(row)]:
             tokens = by_key.get((id(row), mode))
             prompt_ids = tokens.prompt_ids if tokens is not None else []
-            reason = row.reason
-            max_new = 0
+            reason, max_new = row.reason, 0
             if reason is None and tokens.error is not None:
                 reason = f"{row.source}: field 'messages': the chat template cannot render or encode it: {tokens.error}"
             elif reason is None:
                 n, own = len(prompt_ids), budget.for_mode(mode)
-                max_new, reason = output_budget(n, context_length=profile.context_length, budget=own)
-                if reason is not None:
-                    reason = f"{row.source}: {reason}"
+                max_new, why = output_budget(n, context_length=profile.context_length, budget=own)
+                reason = None if why is None else f"{row.source}: {why}"
             for sample_index in range(samples_per_prompt):
                 out.append(
                     {
