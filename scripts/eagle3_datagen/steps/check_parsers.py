@@ -104,14 +104,10 @@ def _section_span(output: list[int], offset: int, section_ids) -> tuple[int, int
     return offset + start, offset + (stop if stop >= start else last)
 
 
-def _routes(
-    ck: _Checker, rows: list[dict], texts: list[str], tools_list: list
-) -> tuple[list[list[int]], list[str], list[str]]:
-    """(route ids, rendered text, parsed reasoning) of each row: rendered and encoded a batch per group
-    of identical tools."""
-    routes: list[list[int] | None] = [None] * len(rows)
-    rendered: list[str] = [""] * len(rows)
-    reasonings: list[str] = [""] * len(rows)
+def _routes(ck: _Checker, rows: list[dict], texts: list[str], tools_list: list) -> tuple[dict, dict, dict]:
+    """(route ids, rendered text, parsed reasoning) by row index: each row's answer parsed into an
+    assistant message, its conversation rendered and encoded a batch per group of identical tools."""
+    routes, rendered, reasonings = {}, {}, {}
     for idx in group_by_tools(tools_list).values():
         tools = tools_list[idx[0]]
         conversations = []
@@ -120,10 +116,9 @@ def _routes(
             message, reasonings[i] = ck.assistant_message(texts[i], tools, history)
             conversations.append(history + [message])
         out, ids, _ = ck.chat.render_and_encode(conversations, tools, add_generation_prompt=False)
-        for k, i in enumerate(idx):
-            routes[i] = ids[k]
-            rendered[i] = out[k]
-    return routes, rendered, reasonings  # type: ignore[return-value]
+        routes.update(zip(idx, ids))
+        rendered.update(zip(idx, out))
+    return routes, rendered, reasonings
 
 
 def _reasoning_and_answer(ck: _Checker, output: list[int], n_end: int) -> tuple[int, int]:
@@ -162,14 +157,8 @@ def _check_mode(ck: _Checker, rows: list[dict]) -> list[dict]:
     """The verdicts of ok rows of one mode."""
     tools_list = [json.loads(g["tools"]) if g["tools"] else None for g in rows]
     outputs = [list(g["output_ids"]) for g in rows]
-
-    # 1. decode as the chat layer does, in two batches (special tokens skipped unless tools).
     texts = ck.texts(outputs, [g["finish_type"] for g in rows], [bool(t) for t in tools_list])
-
-    # 2.-3. parse, rebuild, render per group of identical tools, encode in one batch per group.
     routes, rendered, reasonings = _routes(ck, rows, texts, tools_list)
-
-    # 4. compare and classify.
     verdicts = []
     for i, g in enumerate(rows):
         prompt_ids, output = list(g["prompt_ids"]), outputs[i]

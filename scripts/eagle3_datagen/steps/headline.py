@@ -231,52 +231,46 @@ def _cells(values: list[str], tag: str, text_columns: set[int]) -> str:
     )
 
 
-def _table(caption: str, header: list[str], rows: list[tuple[bool, list[str]]], text_columns: set[int]) -> str:
-    """An HTML table, numbers right-aligned (but in `text_columns`); a row's first value says whether it is
-    bold (a category's whole row, the total)."""
-    body = "".join(
-        f'<tr style="font-weight:{600 if bold else 400}">{_cells(values, "td", text_columns)}</tr>'
-        for bold, values in rows
-    )
+def _table(caption: str, values: dict, header: list[str], cells_of, text: tuple[str, ...] = ()) -> str:
+    """An HTML table of the headline's rows, each after its category (and mode): numbers right-aligned
+    (but the names and the columns in `text`), whole rows (a category's, the total) bold."""
+    several = values["several_modes"]
+    header = ["category", *(["mode"] if several else []), *header]
+    text_columns = {*range(1 + several), *map(header.index, text)}
+    body = ""
+    for r in values["rows"]:
+        cells = [html.escape(r["category"])] + ([html.escape(r["mode"])] if several else []) + cells_of(r)
+        body += f'<tr style="font-weight:{600 if r["whole"] else 400}">{_cells(cells, "td", text_columns)}</tr>'
     head = _cells(header, "th", text_columns)
     return f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _names(row: dict, several_modes: bool) -> list[str]:
-    return [html.escape(row["category"])] + ([html.escape(row["mode"])] if several_modes else [])
-
-
 def counts_table(values: dict) -> str:
     """Rows, tokens, truncation and hours per category (and mode), then the totals."""
-    several = values["several_modes"]
     unit = values["total"]["projected_unit"]
-    header = ["category", *(["mode"] if several else []), "rows", "kept", *LEFT_OUT, "flags of filtered rows"]
-    header += ["prompt tokens", "output tokens", "truncated", "job-hours", "GPU-hours"]
-    header += [f"projected {unit}"] if unit else []
-    rows = []
-    for r in values["rows"]:
-        cells = _names(r, several) + [count(r[k]) for k in ("rows", "kept", *LEFT_OUT)] + [filtered_by(r)]
-        cells += [count(r["prompt_tokens"]), count(r["output_tokens"]), percent(r["truncated_share"])]
-        cells += [hours(r.get("job_hours")), hours(r.get("gpu_hours"))] if r["whole"] else ["", ""]
-        cells += [hours(r.get("projected_hours")) if r["whole"] else ""] if unit else []
-        rows.append((r["whole"], cells))
-    names = len(_names(values["total"], several))
-    return _table("Rows, tokens and hours", header, rows, {*range(names), header.index("flags of filtered rows")})
+    header = ["rows", "kept", *LEFT_OUT, "flags of filtered rows", "prompt tokens", "output tokens", "truncated"]
+    header += ["job-hours", "GPU-hours", *([f"projected {unit}"] if unit else [])]
+
+    def cells(r: dict) -> list[str]:
+        out = [count(r[k]) for k in ("rows", "kept", *LEFT_OUT)] + [filtered_by(r)]
+        out += [count(r["prompt_tokens"]), count(r["output_tokens"]), percent(r["truncated_share"])]
+        out += [hours(r.get("job_hours")), hours(r.get("gpu_hours"))] if r["whole"] else ["", ""]
+        return out + ([hours(r.get("projected_hours")) if r["whole"] else ""] if unit else [])
+
+    return _table("Rows, tokens and hours", values, header, cells, text=("flags of filtered rows",))
 
 
 def checks_table(values: dict) -> str:
     """The parser checks' verdicts per category (and mode): the share and number of each that occurs."""
-    several = values["several_modes"]
     seen = sorted({k for r in values["rows"] for k, v in (r["verdicts"] or {}).items() if v})
-    header = ["category", *(["mode"] if several else []), "checked", *map(label, seen)]
-    rows = []
-    for r in values["rows"]:
+
+    def cells(r: dict) -> list[str]:
         v = r["verdicts"] or {}
         n = sum(v.values())
-        cells = _names(r, several) + [count(n) if r["verdicts"] is not None else "–"]
-        cells += [f"{percent(v[k] / n)} ({count(v[k])})" if v.get(k) else "" for k in seen]
-        rows.append((r["whole"], cells))
-    return _table("Parser-check verdicts", header, rows, set(range(len(_names(values["total"], several)))))
+        shares = [f"{percent(v[k] / n)} ({count(v[k])})" if v.get(k) else "" for k in seen]
+        return [count(n) if r["verdicts"] is not None else "–", *shares]
+
+    return _table("Parser-check verdicts", values, ["checked", *map(label, seen)], cells)
 
 
 def render(values: dict) -> str:
