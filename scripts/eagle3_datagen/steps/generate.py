@@ -48,9 +48,9 @@ def generate(
     """Generate one shard of a category into `shard_generations` (`may_send=False`: only from the
     journal, on a host without the server: rule generate_cached). Memory follows the requests in
     flight and one batch of rows, not the rows done."""
-    # The step's parameters as given, for the provenance (in signature order).
-    skip = ("prompts", "shard_generations", "server_log", "category", "shard", "may_send")
-    params = {k: v for k, v in locals().items() if k not in skip}
+    params = dict(locals())  # the step's parameters as given, for the provenance
+    for key in ("prompts", "shard_generations", "server_log", "category", "shard", "may_send"):
+        del params[key]
     started = time.monotonic()
     facts = read_provenance(prompts)
     label = category if shards == 1 else f"{category}[{shard}/{shards}]"
