@@ -17,7 +17,7 @@ from conftest import conversations
 from eagle3_datagen.engine.scripted import ScriptedBackend
 from eagle3_datagen.generation.locks import ShardLock
 from eagle3_datagen.generation.requests import parse_rid
-from eagle3_datagen.steps.export_dataset import JsonlWriter, merge_datasets
+from eagle3_datagen.steps.export_dataset import JsonlWriter, merge_dataset
 from eagle3_datagen.storage.disk import DiskFull
 from eagle3_datagen.storage.layout import journal_path
 from eagle3_datagen.storage.tables import IDS, Batching, TableWriter, read_rows
@@ -163,7 +163,7 @@ def test_json_lines_on_a_full_disk_leave_no_file(small_disk, tmp_path, writer):
         else:
             source = tmp_path / "source.jsonl"
             source.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows))
-            merge_datasets([source], out)
+            merge_dataset(dataset=[source], train=out)
     assert list(disk.iterdir()) == []
 
 

@@ -5,7 +5,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from eagle3_datagen.steps.export_dataset import Filters, export_category, merge_datasets, split_rows
+from eagle3_datagen.steps.export_dataset import Filters, export_category, merge_dataset, split_rows
 
 
 def gen(i, *, status="ok", finish="stop", output=(5, 6, 7), error="", turn=0, prompt=None):
@@ -74,7 +74,7 @@ def test_merge_drops_identical_sequences(tmp_path):
         + "\n"
     )
     b.write_text(json.dumps({"input_ids": [1, 2], "loss_mask": [0, 1], "id": "dup"}) + "\n")
-    assert merge_datasets([a, b], tmp_path / "train.jsonl") == {"rows": 2, "duplicates_dropped": 1}
+    assert merge_dataset(dataset=[a, b], train=tmp_path / "train.jsonl") == {"rows": 2, "duplicates_dropped": 1}
 
 
 def test_unknown_filter_key_is_rejected():

@@ -80,6 +80,9 @@ def test_every_row_holds_exactly_what_the_server_returned(make_prompts, engine, 
     assert len(skipped) == 1 and "field 'messages'" in skipped[0]["error"]
     provenance = read_provenance(tmp_path / "results" / "generations" / "cat" / "shard_0.parquet")
     assert provenance["plan"]["to_send"] == 12 and provenance["prompts"]["stop_token_ids"] == [151645]
+    # The settings `config_sha256` hashes: the step's keyword arguments but its files and which shard it is.
+    settings = ["model", "sampling", "engine", "budget", "client", "max_failed_share", "cache_dir", "shards", "quality"]
+    assert sorted(provenance["params"]) == sorted(settings)
     # This engine runs without --enable-deterministic-inference: the seeds were not honoured, and it says so.
     assert provenance["seeds_honoured"] is False
 

@@ -45,7 +45,7 @@ def served(record):
 def test_the_sample_is_seeded_and_at_least_min_rows(make_prompts):
     prompts, _ = make_prompts(conversations(50) + [{"id": "bad"}])
     keys, usable = sample_keys(prompts, {"fraction": 0.1, "min_rows": 8}, seed=3)
-    assert usable == 50 and len(keys) == 8
+    assert usable == {"default": 50} and len(keys) == 8
     assert sample_keys(prompts, {"fraction": 0.1, "min_rows": 8}, seed=3)[0] == keys  # reproducible
     assert sample_keys(prompts, {"fraction": 0.1, "min_rows": 8}, seed=4)[0] != keys
     assert len(sample_keys(prompts, {"fraction": 0.5, "min_rows": 8}, seed=3)[0]) == 25

@@ -1,14 +1,9 @@
-"""The steps: one module per Snakemake rule (a module may hold a pair of rules that share their
-work, e.g. generate and merge_shards), each holding the step function that `scripts/<rule>.py`
-calls with the rule's inputs, outputs and params as keyword arguments.
-
-Imports every layer below: `settings`, `storage`, `tokens`, `demo`, `generation`, `figures`; never
-another step (what steps share lives in those layers).
+"""The steps: one module per Snakemake rule (or per pair of rules that share their work), each
+holding the step function named like its rule. A step imports the layers below, never another step.
 """
 
-# Each rule's step, by rule name: the module of steps/ that holds it (the function is named like the
-# rule). `scripts/step.py` runs it under Snakemake, `eagle3-datagen step <rule>` by hand; a unit
-# test keeps this table and the rules in step.
+# Each rule's step module: `scripts/step.py` runs it under Snakemake, `eagle3-datagen step <rule>` by
+# hand; a unit test keeps this table and the rules in step.
 STEPS = {
     "build_demo_model": "build_demo_model",
     "tokenize_prompts": "tokenize_prompts",

@@ -1,21 +1,10 @@
-"""Audit: the quality gate run on a trainer dataset made elsewhere, without any server.
+"""Audit: the quality gate run on a trainer dataset made elsewhere, without any server (docs/data.md).
 
     eagle3-datagen audit --data train.jsonl --config config/qwen3.yaml \\
         --tokenizer /models/Qwen3-8B --out results/audit/NAME/
 
-Reads the dataset as a stream (JSON lines, one trainer row `{"input_ids", "loss_mask", ...}` each,
-or this pipeline's Parquet dataset), judges every row by `quality.audit.audit_row` against the
-tokenizer's facts (`tokens.token_facts`) and the config's `quality.loop`, and writes to `--out`:
-
-- `flags.jsonl`: one line per row, `{"line", "id", "flags": [{"code", "detail"}]}` (flags empty when
-  the row is clean; `line` is the 1-based line of the JSONL file, or the row of the Parquet file);
-- `reasons.tsv`: per code, the rows it flags and their share of all rows; `reasons.png`, the same drawn;
-- `audit.json`: the rows read, the clean rows, the counts, and what the rows were judged against:
-  the turn ends (`turn_end_ids`, from `--stop-tokens`), every id that stops generation (`stop_ids`:
-  those, `--eos-tokens`, and the eos of the tokenizer and of the model files beside it) and where
-  each came from (`stop_ids_from`).
-
-A line that is not JSON is a row flagged `unreadable_row`; the rest of the file is still audited.
+Every row (JSON lines or this pipeline's Parquet, streamed) is judged by `quality.audit.audit_row`;
+a line that is not JSON is a row flagged `unreadable_row` and the rest of the file is still audited.
 """
 
 import argparse
@@ -26,11 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
+import pyarrow.parquet as pq
 
 from eagle3_datagen.figures.base import pyplot, save
 from eagle3_datagen.quality.audit import AUDIT_CODES, AuditSettings, audit_row
 from eagle3_datagen.quality.flags import Flag, QualityFacts, QualitySettings
 from eagle3_datagen.settings import SCHEMA_PATH, ModelProfile, defaults
+from eagle3_datagen.storage.tables import iter_rows as table_rows
 from eagle3_datagen.tokens.token_facts import token_facts
 from eagle3_datagen.tokens.vocabulary import load_tokenizer
 
@@ -43,15 +34,9 @@ KEPT_KEYS = ("sample_index", "turn", "mode")  # carried from a row into its reco
 def iter_rows(path: Path) -> Iterator[tuple[int, object, str | None]]:
     """(1-based line or row number, the parsed row or None, why it could not be read or None)."""
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        source = pq.ParquetFile(path)
-        columns = [c for c in PARQUET_COLUMNS if c in source.schema_arrow.names]
-        number = 0
-        for batch in source.iter_batches(batch_size=1024, columns=columns):
-            for row in batch.to_pylist():
-                number += 1
-                yield number, row, None
+        names = pq.ParquetFile(path).schema_arrow.names
+        rows = table_rows(path, columns=[c for c in PARQUET_COLUMNS if c in names])
+        yield from ((number, row, None) for number, row in enumerate(rows, 1))
         return
     with open(path, "rb") as fh:
         for number, line in enumerate(fh, 1):
@@ -87,7 +72,7 @@ def audit_settings(model: dict, quality: dict | None = None, vocab_size: int | N
 
 
 def audit(*, data: Path, out: Path, settings: AuditSettings, against: dict | None = None) -> dict:
-    """Audit every row of `data` into `out` (see the module doc); returns audit.json's content."""
+    """Audit every row of `data` into `out`: flags.jsonl, reasons.tsv and .png, audit.json (returned)."""
     out.mkdir(parents=True, exist_ok=True)
     counts: Counter = Counter()
     rows = clean = 0
@@ -155,13 +140,9 @@ def model_section(args: argparse.Namespace, config: dict) -> dict:
         raise SystemExit("audit: --tokenizer is needed (or --config with a model.tokenizer)")
     model.setdefault("name", Path(model["tokenizer"]).name)
     model.setdefault("context_length", 1 << 30)
-    given = {
-        "stop_tokens": args.stop_tokens,
-        "eos_tokens": args.eos_tokens,
-        "reasoning_start": args.reasoning_start,
-        "reasoning_end": args.reasoning_end,
-    }
-    model.update({k: v for k, v in given.items() if v is not None})
+    for key in ("stop_tokens", "eos_tokens", "reasoning_start", "reasoning_end"):
+        if getattr(args, key) is not None:
+            model[key] = getattr(args, key)
     if args.trust_remote_code:
         model["trust_remote_code"] = True
     if not model.get("stop_tokens"):

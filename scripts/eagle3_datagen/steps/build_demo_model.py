@@ -1,7 +1,4 @@
-"""build_demo_model: the demo's Kimi-shaped tokenizer and tiny CPU model, trained from packages.
-
-Imports `demo.model` and `settings`.
-"""
+"""build_demo_model: the demo's Kimi-shaped tokenizer and tiny CPU model, trained from packages."""
 
 from pathlib import Path
 

@@ -65,11 +65,9 @@ class SequenceReport:
     def n_violations(self) -> int:
         return sum(self.total.values())
 
-    def counts(self) -> dict:
-        return {rule: self.total.get(rule, 0) for rule in RULES}
-
     def to_json(self) -> dict:
-        return {"checked": self.checked, "violations": self.counts(), "rules": RULES, "examples": self.violations}
+        counts = {rule: self.total.get(rule, 0) for rule in RULES}
+        return {"checked": self.checked, "violations": counts, "rules": RULES, "examples": self.violations}
 
     def message(self, limit: int = 20) -> str:
         lines = [f"{self.n_violations} sequence violations in {self.checked} rows:"]
@@ -210,8 +208,7 @@ def check_rows(generations: list[dict], *, tokenizer, profile: ModelProfile) -> 
 def check_sequences(
     *, generations: Path, sequence_report: Path, model: dict, batch: dict | None = None
 ) -> SequenceReport:
-    """Check one category's generations a batch at a time; raises SequenceViolation (the job fails)
-    on any violation."""
+    """Check one category's generations a batch at a time; any violation fails the job."""
     profile = ModelProfile.from_config(model)
     checker = SequenceChecker(load_tokenizer(profile), profile)
     report = SequenceReport()

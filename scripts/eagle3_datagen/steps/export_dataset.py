@@ -1,8 +1,5 @@
-"""Export: trainer-ready rows (`input_ids`, `loss_mask`) plus an account of every row left out.
-
-The row shape is the one SpecForge's pre-tokenized path and speculators' `prepare_data.py` both read:
-`{"input_ids": prompt_ids + output_ids, "loss_mask": [0]*len(prompt) + [1]*len(output)}`; the other
-keys travel along and both trainers ignore them.
+"""Export: trainer-ready rows (`input_ids`, `loss_mask`: the shape SpecForge's pre-tokenized path and
+speculators' `prepare_data.py` both read, docs/data.md) plus an account of every row left out.
 """
 
 import hashlib
@@ -78,10 +75,8 @@ def filter_reason(row: dict, filters: Filters) -> tuple[str, str] | None:
 
 
 def split_rows(generations: list[dict], filters: Filters, gate: Gate | None = None) -> tuple[list[dict], list[dict]]:
-    """(generation rows for the dataset, rejected records): every row lands in exactly one of the two.
-
-    An ok row is judged by the quality `gate` first (a flag its policy quarantines makes it a
-    `filtered` record with that code), then by the export filters; a kept row carries its flags."""
+    """(generation rows for the dataset, rejected records): every row lands in exactly one of the two,
+    an ok row judged by the quality `gate` first, then by the export filters."""
     dataset, rejected = [], []
     for row in generations:
         status, reason, code, flags = row["status"], row.get("error") or "", "", []
@@ -118,13 +113,9 @@ GAP = "the turn before is not in the dataset (filtered)"
 
 
 class TurnMerger:
-    """Dataset rows of generation rows in conversation order; with `merge`, consecutive turns of a
-    conversation join into one row wherever the later turn's `prompt_ids` start with the earlier
-    turn's `prompt_ids + output_ids` token for token (several loss spans, the same targets).
-
-    A chain may span batches: `feed` holds its last row back until the next turn shows whether it
-    extends it; `flush` gives the last one. Per mode, `merged` counts the turns joined into an
-    earlier row, `not_merged` the later turns (turn ≥ 1) that start a row of their own, by reason."""
+    """Dataset rows of generation rows in conversation order; with `merge`, a turn whose `prompt_ids`
+    start with the turn before's `prompt_ids + output_ids` joins its row (a loss span per turn). `feed`
+    holds a chain's last row back until the next turn shows whether it extends it; `flush` gives it."""
 
     def __init__(self, merge: bool):
         self.merge = merge
@@ -134,7 +125,8 @@ class TurnMerger:
         self._spans: list[tuple[int, int]] = []  # a loss span per turn of the chain
         self._flags: set[str] = set()
 
-    def _emit(self) -> list[dict]:
+    def flush(self) -> list[dict]:
+        """The row of the chain held back, if any."""
         if self._last is None:
             return []
         row = dataset_row(self._last, self._spans, len(self._spans), sorted(self._flags))
@@ -163,15 +155,12 @@ class TurnMerger:
                 self._not_merged(mode, NOT_EXTENDED)
             elif row["turn"]:
                 self._not_merged(mode, GAP)
-            out += self._emit()
+            out += self.flush()
             self._last, self._spans, self._flags = row, [span], set(row.get("flags") or ())
         return out
 
     def _not_merged(self, mode: str, why: str) -> None:
         self.not_merged.setdefault(mode, Counter())[why] += 1
-
-    def flush(self) -> list[dict]:
-        return self._emit()
 
     def stats(self) -> dict:
         return {
@@ -190,9 +179,8 @@ def _conversation(row: dict) -> tuple:
 
 
 class JsonlWriter(AtomicFile):
-    """JSON lines written as they come, atomically (`disk.AtomicFile`), a list of rows at a time. Lines
-    are what `json.dumps(row, ensure_ascii=False, separators=(",", ":"))` gives, made by orjson
-    (several times faster on long id lists)."""
+    """JSON lines written atomically as they come (orjson: `json.dumps(row, ensure_ascii=False,
+    separators=(",", ":"))`, several times faster on long id lists)."""
 
     def __init__(self, path: str | Path):
         super().__init__(path, what="JSON lines file")
@@ -252,27 +240,6 @@ def sequence_digest(line: bytes) -> bytes:
     return hashlib.blake2b(ids, digest_size=16).digest()
 
 
-def merge_datasets(paths: list[Path], out: Path) -> dict:
-    """Concatenate category datasets into one file, keeping the first of identical token sequences.
-
-    Lines are copied as they are, and only a 16-byte digest per sequence is remembered, so memory
-    grows by a few MB per 100k rows, whatever the lengths."""
-    seen: set[bytes] = set()
-    kept = duplicates = 0
-    with AtomicFile(out, what="JSON lines file") as dst:
-        for path in paths:
-            with open(path, "rb") as src:
-                for line in src:
-                    digest = sequence_digest(line)
-                    if digest in seen:
-                        duplicates += 1
-                        continue
-                    seen.add(digest)
-                    dst.write(line)
-                    kept += 1
-    return {"rows": kept, "duplicates_dropped": duplicates}
-
-
 def export_dataset(
     *,
     generations: Path,
@@ -301,7 +268,21 @@ def export_dataset(
 
 
 def merge_dataset(*, dataset: list[Path], train: Path) -> dict:
-    """Merge every category's dataset into one train.jsonl, identical token sequences once."""
-    counts = merge_datasets(dataset, train)
+    """Merge every category's dataset into one train.jsonl, keeping the first of identical token
+    sequences: lines are copied as they are and only a 16-byte digest per sequence is remembered."""
+    seen: set[bytes] = set()
+    kept = duplicates = 0
+    with AtomicFile(train, what="JSON lines file") as dst:
+        for path in dataset:
+            with open(path, "rb") as src:
+                for line in src:
+                    digest = sequence_digest(line)
+                    if digest in seen:
+                        duplicates += 1
+                        continue
+                    seen.add(digest)
+                    dst.write(line)
+                    kept += 1
+    counts = {"rows": kept, "duplicates_dropped": duplicates}
     log.info("merged %d files into %s: %s", len(dataset), train, counts)
     return counts

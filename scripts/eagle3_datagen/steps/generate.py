@@ -1,8 +1,5 @@
 """generate: one shard of a category through SGLang's native /generate (`generation.run`), and
 merge_shards, which joins a category's shards into one table in prompt order.
-
-The token facts come with the prompts table (`token_facts.token_facts`); the rows themselves are
-made, counted and merged by `generation.assemble`.
 """
 
 import itertools
@@ -49,21 +46,11 @@ def generate(
     quality: dict | None = None,
 ) -> None:
     """Generate one shard of a category into `shard_generations` (`may_send=False`: only from the
-    journal, on a host without the server: rule generate_cached).
-
-    Memory follows the requests in flight and one batch of rows, not the rows done: prompts are
-    read a batch at a time, results are read back from the journal as the table is written."""
-    params = {
-        "model": model,
-        "sampling": sampling,
-        "engine": engine,
-        "budget": budget,
-        "client": client,
-        "max_failed_share": max_failed_share,
-        "cache_dir": cache_dir,
-        "shards": shards,
-        "quality": quality,
-    }
+    journal, on a host without the server: rule generate_cached). Memory follows the requests in
+    flight and one batch of rows, not the rows done."""
+    params = dict(locals())  # the step's parameters as given, for the provenance
+    for key in ("prompts", "shard_generations", "server_log", "category", "shard", "may_send"):
+        del params[key]
     started = time.monotonic()
     facts = read_provenance(prompts)
     label = category if shards == 1 else f"{category}[{shard}/{shards}]"
@@ -71,11 +58,8 @@ def generate(
     def prompt_rows():
         return shard_rows(iter_rows(prompts, columns=ASSEMBLE_COLUMNS), shard, shards)
 
-    with sending_job(journal_path(cache_dir, category, shard, shards), server_log, shard_generations) as (
-        attempt_server_log,
-        writer,
-    ):
-        journal = open_journal(cache_dir, category, shard, shards)
+    journal_file = journal_path(cache_dir, category, shard, shards)
+    with sending_job(journal_file, server_log, shard_generations) as (attempt_server_log, writer):
         provenance = generate_category(
             prompt_rows,
             facts=facts,
@@ -84,7 +68,7 @@ def generate(
             engine=engine,
             budget=budget,
             client_settings=ClientSettings.from_config(client),
-            journal=journal,
+            journal=open_journal(cache_dir, category, shard, shards),
             server_log=attempt_server_log,
             max_failed_share=max_failed_share,
             category=label,
@@ -105,9 +89,7 @@ def generate(
 def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: Path, batch: dict | None = None) -> None:
     """Join a category's generate shards into one generations table, in prompt order.
 
-    Each shard holds its rows in prompt order, so the merge walks the prompts table once and takes
-    each run of rows from its shard, as Arrow slices (no id is converted to Python): a batch per
-    shard in memory, whatever the category's size."""
+    The merge walks the prompts table once and takes each run of rows from its shard as Arrow slices."""
     batching = Batching.from_config(batch)
     shards = len(shard_generations)
     provenance = [read_provenance(path) for path in shard_generations]
@@ -123,8 +105,6 @@ def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: P
     if held != expected:
         raise RuntimeError(f"{generations}: the shards hold {held} rows, the prompts table's turns {expected}")
     sources = [ShardRows(path, batching) for path in shard_generations]
-    merged = dict(provenance[0])
-    merged["shards"] = provenance
     with TableWriter(generations, GENERATIONS_SCHEMA, batching) as writer:
         for keys in iter_batches(prompts, batching, columns=["id", "sample_index", "mode", "status", "turn_ends"]):
             owners = [(shard_of(k["id"], shards) if shards > 1 else 0, rows_of(k)) for k in keys]
@@ -141,5 +121,5 @@ def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: P
                         f"{found[0]}.{found[1]}@{found[2]}: the shards are not in prompt order"
                     )
             writer.write_arrow(table)
-        writer.close(merged)
+        writer.close({**provenance[0], "shards": provenance})
     log.info("merged %d shards, %d rows into %s", shards, writer.rows, generations)

@@ -1,17 +1,13 @@
 """The run's headline: what it produced, as the first thing the report shows.
 
-From the summary table (rows kept and left out per reason and quality flag, prompt and output tokens,
-the share of answers cut at max_new_tokens, per category and serving mode), each category's
-parser-check counts, the generate jobs' provenance (their time with their server and the GPUs each held: the
-launched server's, none for the CPU engine or an external server) and, when a pilot ran, its
-projection of the full run. Rule headline writes it as an HTML fragment that report/workflow.rst puts
-on the report's landing page; `headline_values` is the same content as data.
+Rows kept and left out, tokens and truncation (the summary table), parser-check verdicts, the generate
+jobs' hours and GPU-hours and, when a pilot ran, its projection: per category and serving mode. Rule
+headline writes it as an HTML fragment for the report's landing page; `headline_values` is the same as data.
 """
 
 import html
 import logging
 import math
-from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -63,9 +59,8 @@ def read_table(path: str | Path) -> list[dict]:
 
 
 def job_usage(provenance: dict) -> dict:
-    """A category's generate jobs (one per shard) that sent requests: their hours, and GPU-hours as each
-    job's hours times the GPUs it held (a job that sent nothing started no server). A job's hours are its
-    whole time with its server, start-up and shutdown included (`job.wall_s`)."""
+    """Hours of a category's generate jobs that sent requests (each one's whole time with its server,
+    `job.wall_s`), and GPU-hours: each job's hours times the GPUs it held."""
     job_h = gpu_h = 0.0
     kinds = set()
     for shard in provenance.get("shards") or [provenance]:
@@ -86,18 +81,13 @@ def verdict_counts(checks: dict, mode: str | None) -> dict[str, int] | None:
     """The parser-check verdicts of a category's rows of one mode (None: all its rows), without the total;
     None where the counts do not say."""
     counts = checks.get("verdicts") if mode is None else (checks.get("verdicts_by_mode") or {}).get(mode)
-    if counts is None:
-        return None
-    return {k: int(v) for k, v in counts.items() if k != "total"}
+    return None if counts is None else {k: int(v) for k, v in counts.items() if k != "total"}
 
 
 def add_counts(parts: list[dict[str, int] | None]) -> dict[str, int] | None:
     if not parts or any(p is None for p in parts):
         return None
-    out: Counter = Counter()
-    for part in parts:
-        out.update(part)
-    return dict(out)
+    return {k: sum(p.get(k, 0) for p in parts) for k in dict.fromkeys(k for p in parts for k in p)}
 
 
 def _row_values(row: dict) -> dict:
@@ -130,9 +120,8 @@ def _structure(summary: list[dict]) -> tuple[dict[str, list[str]], str, list[str
 def headline_values(
     summary: list[dict], checks: dict[str, dict], usage: dict[str, dict], projection: list[dict] | None = None
 ) -> dict:
-    """The headline as data: `rows` (a category's whole row, then its modes where it has several, then
-    the totals: overall, then per mode where the run has several), each with its counts, the verdicts
-    of its parser checks and, on whole rows, hours used and projected; and `total`, the overall row."""
+    """The headline as data: `rows` (per category, its modes, then the totals), each with its counts,
+    parser-check verdicts and, on whole rows, hours used and projected; `total`, the overall row."""
     by_key = {(r["category"], r["mode"]): r for r in summary}
     projected = {(r["category"], r["mode"]): r for r in projection or []}
     modes, overall, mode_totals = _structure(summary)
@@ -199,9 +188,9 @@ def compute_text(total: dict, engines: list[str]) -> str:
 
 def verdict_mix(verdicts: dict[str, int] | None) -> str:
     """The verdicts that occur, most first: "reasoning dropped by template 95.0 % (142), exact 5.0 % (7)"."""
-    if not verdicts or not sum(verdicts.values()):
+    n = sum((verdicts or {}).values())
+    if not n:
         return "none checked"
-    n = sum(verdicts.values())
     ranked = sorted(((k, v) for k, v in verdicts.items() if v), key=lambda kv: (-kv[1], kv[0]))
     return ", ".join(f"{label(k)} {percent(v / n)} ({count(v)})" for k, v in ranked)
 
@@ -242,52 +231,46 @@ def _cells(values: list[str], tag: str, text_columns: set[int]) -> str:
     )
 
 
-def _table(caption: str, header: list[str], rows: list[tuple[bool, list[str]]], text_columns: set[int]) -> str:
-    """An HTML table, numbers right-aligned (but in `text_columns`); a row's first value says whether it is
-    bold (a category's whole row, the total)."""
-    body = "".join(
-        f'<tr style="font-weight:{600 if bold else 400}">{_cells(values, "td", text_columns)}</tr>'
-        for bold, values in rows
-    )
+def _table(caption: str, values: dict, header: list[str], cells_of, text: tuple[str, ...] = ()) -> str:
+    """An HTML table of the headline's rows, each after its category (and mode): numbers right-aligned
+    (but the names and the columns in `text`), whole rows (a category's, the total) bold."""
+    several = values["several_modes"]
+    header = ["category", *(["mode"] if several else []), *header]
+    text_columns = {*range(1 + several), *map(header.index, text)}
+    body = ""
+    for r in values["rows"]:
+        cells = [html.escape(r["category"])] + ([html.escape(r["mode"])] if several else []) + cells_of(r)
+        body += f'<tr style="font-weight:{600 if r["whole"] else 400}">{_cells(cells, "td", text_columns)}</tr>'
     head = _cells(header, "th", text_columns)
     return f"<table><caption>{caption}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _names(row: dict, several_modes: bool) -> list[str]:
-    return [html.escape(row["category"])] + ([html.escape(row["mode"])] if several_modes else [])
-
-
 def counts_table(values: dict) -> str:
     """Rows, tokens, truncation and hours per category (and mode), then the totals."""
-    several = values["several_modes"]
     unit = values["total"]["projected_unit"]
-    header = ["category", *(["mode"] if several else []), "rows", "kept", *LEFT_OUT, "flags of filtered rows"]
-    header += ["prompt tokens", "output tokens", "truncated", "job-hours", "GPU-hours"]
-    header += [f"projected {unit}"] if unit else []
-    rows = []
-    for r in values["rows"]:
-        cells = _names(r, several) + [count(r[k]) for k in ("rows", "kept", *LEFT_OUT)] + [filtered_by(r)]
-        cells += [count(r["prompt_tokens"]), count(r["output_tokens"]), percent(r["truncated_share"])]
-        cells += [hours(r.get("job_hours")), hours(r.get("gpu_hours"))] if r["whole"] else ["", ""]
-        cells += [hours(r.get("projected_hours")) if r["whole"] else ""] if unit else []
-        rows.append((r["whole"], cells))
-    names = len(_names(values["total"], several))
-    return _table("Rows, tokens and hours", header, rows, {*range(names), header.index("flags of filtered rows")})
+    header = ["rows", "kept", *LEFT_OUT, "flags of filtered rows", "prompt tokens", "output tokens", "truncated"]
+    header += ["job-hours", "GPU-hours", *([f"projected {unit}"] if unit else [])]
+
+    def cells(r: dict) -> list[str]:
+        out = [count(r[k]) for k in ("rows", "kept", *LEFT_OUT)] + [filtered_by(r)]
+        out += [count(r["prompt_tokens"]), count(r["output_tokens"]), percent(r["truncated_share"])]
+        out += [hours(r.get("job_hours")), hours(r.get("gpu_hours"))] if r["whole"] else ["", ""]
+        return out + ([hours(r.get("projected_hours")) if r["whole"] else ""] if unit else [])
+
+    return _table("Rows, tokens and hours", values, header, cells, text=("flags of filtered rows",))
 
 
 def checks_table(values: dict) -> str:
     """The parser checks' verdicts per category (and mode): the share and number of each that occurs."""
-    several = values["several_modes"]
     seen = sorted({k for r in values["rows"] for k, v in (r["verdicts"] or {}).items() if v})
-    header = ["category", *(["mode"] if several else []), "checked", *map(label, seen)]
-    rows = []
-    for r in values["rows"]:
+
+    def cells(r: dict) -> list[str]:
         v = r["verdicts"] or {}
         n = sum(v.values())
-        cells = _names(r, several) + [count(n) if r["verdicts"] is not None else "–"]
-        cells += [f"{percent(v[k] / n)} ({count(v[k])})" if v.get(k) else "" for k in seen]
-        rows.append((r["whole"], cells))
-    return _table("Parser-check verdicts", header, rows, set(range(len(_names(values["total"], several)))))
+        shares = [f"{percent(v[k] / n)} ({count(v[k])})" if v.get(k) else "" for k in seen]
+        return [count(n) if r["verdicts"] is not None else "–", *shares]
+
+    return _table("Parser-check verdicts", values, ["checked", *map(label, seen)], cells)
 
 
 def render(values: dict) -> str:

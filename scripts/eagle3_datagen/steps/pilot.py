@@ -1,26 +1,6 @@
-"""The pilot: a seeded sample of each category generated on the configured engine, and a projection
-of the full run from it, before the GPU bill.
-
-`pilot_generate` (one job per category, on the engine the generate jobs use) sends the sample's
-conversations, every turn of them, through the generate job's own code, into the category's
-journal directory (`cache/journal/{category}/pilot.jsonl`): the full run reuses every answer. It
-records what it measured: requests, output tokens and the client's wall time at the configured
-concurrency.
-
-`project_pilot` scales the sample to each category's usable conversations, per serving mode (the
-table itself: `generation.projection`): the mean per conversation times their number, with a 95 % interval
-from the sample's spread (normal approximation with the finite-population correction: the interval
-is 0 when the sample is the whole category). GPU-hours are the projected output tokens at the pilot's
-measured output tokens per second, times the server's GPUs; disk is the sample's own bytes per
-conversation (dataset JSONL, journal, generations Parquet) scaled the same way. A category that mixes
-modes gets a row per mode and one over them; the run, a total per mode and one over everything: what
-each mode costs (requests, tokens, hours) is read off its rows.
-
-It also reads the quality gate off the sample: each flag's share among the pilot's generated rows
-(`quality.flags.row_flags`, with a 95 % Wilson score interval), and the GPU-hours with and without
-the live loop stop. Without it a looping answer runs to its `max_new_tokens`; with it, it stops once
-the loop is seen: its onset, the tokens a loop of its period must cover, and one streamed chunk
-(`quality.stream_interval`). Whichever way the pilot ran, the other way is worked out per row.
+"""The pilot (docs/running.md): a seeded sample of each category generated on the configured engine
+into the category's journal (the full run reuses every answer), and the projection of the full run
+from it, per serving mode (`generation.projection`), before the GPU bill.
 """
 
 import json
@@ -48,10 +28,9 @@ from eagle3_datagen.storage.trainer_rows import dataset_row
 log = logging.getLogger(__name__)
 
 
-def sample_keys(prompts: Path, pilot: dict, seed: int) -> tuple[set, int]:
-    """(the sampled (id, sample_index, mode) keys, the category's usable conversations): per serving
-    mode (each projected from its own sample), the max(min_rows, ceil(fraction x usable)) usable rows
-    of that mode with the smallest seeded hashes."""
+def sample_keys(prompts: Path, pilot: dict, seed: int, order: tuple[str, ...] = ()) -> tuple[set, dict[str, int]]:
+    """(the sampled (id, sample_index, mode) keys, usable conversations per mode, `order` first): per
+    mode, the max(min_rows, ceil(fraction x usable)) usable rows with the smallest seeded hashes."""
     settings = PilotSettings.from_config(pilot)
     drawn: dict[str, list] = {}
     for rows in iter_batches(prompts, columns=["id", "sample_index", "mode", "status"]):
@@ -60,31 +39,12 @@ def sample_keys(prompts: Path, pilot: dict, seed: int) -> tuple[set, int]:
                 key = (r["id"], int(r["sample_index"]), r["mode"])
                 # A profile's one default mode draws as before modes were: the same sample.
                 hashed = key[:2] if r["mode"] == DEFAULT_MODE else key
-                drawn.setdefault(r["mode"], []).append((stable_hash([seed, "pilot", *hashed]), key))
+                drawn.setdefault(r["mode"] or DEFAULT_MODE, []).append((stable_hash([seed, "pilot", *hashed]), key))
     keys = set()
     for in_mode in drawn.values():
         n = min(len(in_mode), max(settings.min_rows, math.ceil(settings.fraction * len(in_mode))))
         keys |= {key for _, key in sorted(in_mode)[:n]}
-    return keys, sum(len(in_mode) for in_mode in drawn.values())
-
-
-def usable_by_mode(prompts: Path, order: tuple[str, ...] = ()) -> dict[str, int]:
-    """The category's usable conversations (prompts rows of status ok) per mode, modes in `order` first."""
-    counts: Counter = Counter()
-    for rows in iter_batches(prompts, columns=["mode", "status"]):
-        counts.update(r["mode"] or DEFAULT_MODE for r in rows if r["status"] == "ok")
-    return {mode: counts[mode] for mode in dict.fromkeys([*order, *counts]) if counts[mode]}
-
-
-def pilot_journal_path(cache_dir: str | Path, category: str) -> Path:
-    return journal_path(cache_dir, category, 0, 1).with_name("pilot.jsonl")
-
-
-def pilot_journal(cache_dir: str | Path, category: str) -> Journal:
-    """The pilot's journal, beside the category's shard journals: each reads the others."""
-    path = pilot_journal_path(cache_dir, category)
-    others = sorted(path.parent.glob("*.jsonl")) if path.parent.exists() else []
-    return Journal(path, also_read=others)
+    return keys, {mode: len(drawn[mode]) for mode in dict.fromkeys([*order, *drawn]) if drawn.get(mode)}
 
 
 def pilot_generate(
@@ -105,9 +65,9 @@ def pilot_generate(
     quality: dict | None = None,
 ) -> dict:
     """Generate the category's pilot sample (every turn of its conversations) and record what it took."""
-    keys, usable = sample_keys(prompts, pilot, seed)
     profile = ModelProfile.from_config(model)
-    by_mode = usable_by_mode(prompts, profile.mode_names)
+    keys, by_mode = sample_keys(prompts, pilot, seed, profile.mode_names)
+    usable = sum(by_mode.values())
     sampled = Counter(key[2] or DEFAULT_MODE for key in keys)
     facts = read_provenance(prompts)
 
@@ -118,11 +78,10 @@ def pilot_generate(
             if (r["id"], int(r["sample_index"]), r["mode"]) in keys
         )
 
-    with sending_job(pilot_journal_path(cache_dir, category), pilot_server_log, pilot_generations) as (
-        attempt_server_log,
-        writer,
-    ):
-        journal = pilot_journal(cache_dir, category)
+    path = journal_path(cache_dir, category, 0, 1).with_name("pilot.jsonl")
+    with sending_job(path, pilot_server_log, pilot_generations) as (attempt_server_log, writer):
+        # Beside the category's shard journals: each reads the others.
+        journal = Journal(path, also_read=sorted(path.parent.glob("*.jsonl")) if path.parent.exists() else [])
         provenance = generate_category(
             prompt_rows,
             facts=facts,
@@ -165,11 +124,8 @@ def pilot_generate(
 
 
 def row_quality(row: dict, facts: QualityFacts, quality: QualitySettings) -> tuple[list[str], int, int]:
-    """(the generated row's flag codes, its output tokens with the live loop stop, without it).
-
-    A row the client stopped as a loop (`LOOP_FINISH`) would have run to its max_new_tokens; a row
-    that ends in a loop otherwise would have been stopped at the loop's onset, plus the tokens a
-    loop of its period must cover, plus one streamed chunk (never more than it has)."""
+    """(the generated row's flag codes, its output tokens with the live loop stop, without it): the
+    stop cuts a loop at its onset plus the tokens its period must cover plus one streamed chunk."""
     output_ids, finish = row["output_ids"], row["finish_type"]
     n = len(output_ids)
     codes = [f.code for f in row_flags(row["prompt_ids"], output_ids, finish, facts, quality.loop)]
@@ -187,11 +143,9 @@ def row_quality(row: dict, facts: QualityFacts, quality: QualitySettings) -> tup
 COUNTED = MEASURES + LIVE_STOP_MEASURES + FLAG_COUNTS
 
 
-def conversation_measures(path: Path, quality: QualitySettings | None = None) -> list[dict]:
-    """Per sampled conversation: requests (turns sent), prompt and output tokens, turns cut at
-    max_new_tokens, its rows' bytes as dataset JSONL lines, its output tokens with and without the
-    live loop stop, and its generated rows, in all and per flag code; and its `mode`."""
-    quality = quality or QualitySettings()
+def conversation_measures(path: Path, quality: QualitySettings) -> list[dict]:
+    """Per sampled conversation, its `mode` and `COUNTED`: requests, tokens, truncation, bytes, output
+    tokens with and without the live loop stop, generated rows in all and per flag code."""
     facts = QualityFacts.from_token_facts(read_provenance(path)["prompts"])
     per: dict[tuple, dict] = {}
     for r in iter_rows(path):
@@ -237,12 +191,7 @@ def log_cost(row: dict, label: str) -> None:
         "%d output tokens (%.0f a conversation), %s %s",
         label,
         row["conversations"],
-        row["requests"],
-        row["requests"] / n,
-        row["prompt_tokens"],
-        row["prompt_tokens"] / n,
-        row["output_tokens"],
-        row["output_tokens"] / n,
+        *(value for k in ("requests", "prompt_tokens", "output_tokens") for value in (row[k], row[k] / n)),
         row[key],
         unit,
     )
@@ -267,8 +216,7 @@ def project_pilot(
     settings = QualitySettings.from_config(quality)
     rows = []
     for category, gen_path, run_path in zip(categories, pilot_generations, pilot_run):
-        measures = conversation_measures(gen_path, settings)
-        rows += category_rows(category, measures, json.loads(run_path.read_text()))
+        rows += category_rows(category, conversation_measures(gen_path, settings), json.loads(run_path.read_text()))
     totals = total_rows(rows)
     total = totals[-1]
     frame = pd.DataFrame(rows + totals)

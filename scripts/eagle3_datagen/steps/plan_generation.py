@@ -1,8 +1,5 @@
-"""plan_generation: which rows of a shard need the server, on the CPU and before any server starts.
-
-The plan (`generation.planning`): rows to send, rows already generated (reused from the journal)
-and rows skipped. The plan file doubles as the cost preview (`preview_generation` collects them
-into results/plan.tsv) and sizes the generate job's GPU request.
+"""plan_generation: which rows of a shard need the server (`generation.planning`), before any server
+starts; the plans size the generate jobs and make the cost preview (preview_generation: results/plan.tsv).
 """
 
 import json

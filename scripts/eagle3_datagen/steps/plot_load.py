@@ -1,9 +1,7 @@
 """How the server carried each category: retractions, prefix-cache hits, time queued, requests in flight.
 
-From each category's generations: every answered row's `num_retractions`, `cached_tokens` and
-`queue_time` (as SGLang's answers report them), and from the generate jobs' provenance the client's
-timeline (requests in flight, the concurrency limit and the server's running and waiting requests
-at every poll of its load endpoint). Rule plot_load writes the table and the figure.
+From each answered row's `num_retractions`, `cached_tokens` and `queue_time` (as SGLang reports them),
+and the client's timeline in the generate jobs' provenance. Rule plot_load writes the table and figure.
 """
 
 import logging
@@ -47,6 +45,7 @@ def category_load(category: str, generations: str | Path, batching: Batching = D
         (category if len(shards) == 1 else f"{category}[{n}]", c["timeline"]) for n, c in clients if c.get("timeline")
     ]
     settings = sorted({str(c.get("concurrency")) for _, c in clients})
+    means = [c["limit_mean"] for _, c in clients if c.get("limit_mean") is not None]
     row = {
         "category": category,
         "answered": answered,
@@ -59,17 +58,12 @@ def category_load(category: str, generations: str | Path, batching: Batching = D
         "queue_time_mean_s": round(float(queued.mean()), 4) if reported else None,
         "queue_time_p90_s": round(float(np.quantile(queued, 0.9)), 4) if reported else None,
         "concurrency": ",".join(settings) if settings else "",
-        "limit_mean": _mean([c.get("limit_mean") for _, c in clients]),
+        "limit_mean": round(sum(means) / len(means), 1) if means else None,
         "limit_max": max((c.get("limit_max") or 0 for _, c in clients), default=None) if clients else None,
         "requests_per_s": round(sum(c.get("requests_per_s", 0.0) for _, c in clients), 3) if clients else None,
         "load_endpoint": ",".join(sorted({e for _, c in clients for e in c.get("load_endpoint", [])})),
     }
     return row, timelines
-
-
-def _mean(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return round(sum(values) / len(values), 1) if values else None
 
 
 def plot_load(

@@ -1,11 +1,6 @@
-"""Step plot_quality: the quality gate in the report, drawn from the summary and turns tables.
-
-Per category, the rows each flag code marked (`quality.flags.CODES`), split into those kept in the
-dataset and those quarantined (left out, in `results/rejected/`); per turn index, the share of the
-generated rows (status ok or filtered) each code marked, all categories together. The tables are
-summarize's: `flag_<code>` (rows flagged with the code, kept or quarantined) and `quarantined_<code>`
-(those of them left out) per category row of the summary, `flag_<code>` per row of the turns table.
-A panel with nothing flagged says so in a sentence.
+"""Step plot_quality: the quality gate in the report, from summarize's tables: per category, the rows
+each flag code marked, kept in the dataset or quarantined (`flag_<code>`, `quarantined_<code>` of the
+summary); per turn index, the share of the generated rows each code marked (the turns table).
 """
 
 import logging

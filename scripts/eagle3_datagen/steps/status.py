@@ -2,24 +2,14 @@
 
     eagle3-datagen status [--watch [S]] [--configfile config/config.yaml ...] [--json]
 
-Read-only: it reads the categories sheet, each shard's plan, its generate job's progress file and
-the journal's lines since (`generation.progress`), the journal's lock (tested, never taken), the
-output tables' existence and times, and Snakemake's own markers of jobs in flight
-(`.snakemake/incomplete/`, which hold a submitted job's SLURM id). It writes nothing and takes no
-lock, so it is safe next to running jobs and on NFS, and costs the same whatever the run's size.
-
-A shard is `waiting` (on tokenize_prompts or plan_generation), `queued` (planned; its job not started,
-with its SLURM id once submitted), `starting` (its server starting), `sending`, `done`, `failed` (the
-job's error) or `killed` (its job died without a word: the lock is free, the progress file says
-sending). The steps after generate show `done`, `running` or what they wait on.
-
-Imports `generation.progress`, `storage` and `workflow`'s plain helpers (no Snakemake, no pandas: it
-starts in a fraction of a second).
+Read-only and lock-free, so safe beside running jobs and on NFS (docs/running.md); no Snakemake and
+no pandas, so it starts in a fraction of a second.
 """
 
 import argparse
 import base64
 import csv
+import itertools
 import json
 import os
 import sys
@@ -84,7 +74,6 @@ class Markers:
         self.dir = root / ".snakemake" / "incomplete"
         self.locked = any((root / ".snakemake" / "locks").glob("*"))
         self.snakemake_pids = snakemake_pids(root) if self.locked else []
-        self.snakemake_running = bool(self.snakemake_pids)
 
     def says(self) -> str:
         """Whether a Snakemake runs here, as the header says it."""
@@ -103,8 +92,7 @@ class Markers:
 
 
 def snakemake_pids(root: Path) -> list[int]:
-    """Snakemake processes of this host working in `root` (Snakemake runs on the submitting host, where
-    `status` is meant to run); a lock without one is a killed run's."""
+    """Snakemake processes of this (the submitting) host working in `root`; a lock without one is a killed run's."""
     pids = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
@@ -158,7 +146,7 @@ def shard_view(root: Path, cache_dir: Path, category: str, shard: int, shards: i
     if marker is not None and marker.get("external_jobid"):
         found.slurm_job_id = str(marker["external_jobid"])
         found.error = f"submitted as SLURM job {found.slurm_job_id}"
-    elif marker is not None and markers.snakemake_running:
+    elif marker is not None and markers.snakemake_pids:
         found.state = "starting"
     return found
 
@@ -182,7 +170,7 @@ def step_states(root: Path, category: str, shards: list[ShardView], markers: Mar
         elif blockers:
             states.append((step, "waits on " + blockers[0]))
         elif markers.job(out) is not None:
-            states.append((step, "running" if markers.snakemake_running else "interrupted"))
+            states.append((step, "running" if markers.snakemake_pids else "interrupted"))
         else:
             states.append((step, "to run"))
     return states
@@ -226,36 +214,29 @@ def _where(s: ShardView, now: float) -> str:
     return job + (f", last word {ago} ago" if now - s.updated > 120 else "")
 
 
+def _share(done: int, planned: int) -> str:
+    return f"{100 * done / planned:.1f}" if planned else "-"
+
+
 def table(views: list[CategoryView], now: float) -> list[list[str]]:
     head = ["category", "shard", "state", "rows done", "of", "%", "output tokens", "rows/s", "tokens/s", "ETA"]
     rows = [head + ["failed", "retried", "limit", "job"]]
-    total = ShardView(state="", requests_per_s=None)
-    rates = [0.0, 0.0]
     for category in views:
         for n, s in enumerate(category.shards):
-            share = f"{100 * s.done / s.planned:.1f}" if s.planned else "-"
             rows.append(
-                [category.name, f"{n}/{len(category.shards)}", s.state, _number(s.done), _number(s.planned), share]
-                + [_number(s.output_tokens), _rate(s.requests_per_s), _rate(s.tokens_per_s), _duration(s.eta_s)]
-                + [_number(s.failed), _number(s.retries), _number(s.limit), _where(s, now)]
+                [category.name, f"{n}/{len(category.shards)}", s.state, _number(s.done), _number(s.planned)]
+                + [_share(s.done, s.planned), _number(s.output_tokens), _rate(s.requests_per_s), _rate(s.tokens_per_s)]
+                + [_duration(s.eta_s), _number(s.failed), _number(s.retries), _number(s.limit), _where(s, now)]
             )
-            total.planned += s.planned
-            total.done += s.done
-            total.failed += s.failed
-            total.retries += s.retries
-            total.output_tokens = (
-                None
-                if s.output_tokens is None or total.output_tokens is None
-                else total.output_tokens + s.output_tokens
-            )
-            rates[0] += s.requests_per_s or 0
-            rates[1] += s.tokens_per_s or 0
-    eta = (total.planned - total.done) / rates[0] if rates[0] else None
-    share = f"{100 * total.done / total.planned:.1f}" if total.planned else "-"
+    shards = [s for category in views for s in category.shards]
+    planned, done = sum(s.planned for s in shards), sum(s.done for s in shards)
+    tokens = None if any(s.output_tokens is None for s in shards) else sum(s.output_tokens for s in shards)
+    rates = [sum(s.requests_per_s or 0 for s in shards), sum(s.tokens_per_s or 0 for s in shards)]
+    eta = (planned - done) / rates[0] if rates[0] else None
     rows.append(
-        ["total", "", "", _number(total.done), _number(total.planned), share, _number(total.output_tokens)]
-        + [_rate(rates[0] or None), _rate(rates[1] or None), _duration(eta), _number(total.failed)]
-        + [_number(total.retries), "", ""]
+        ["total", "", "", _number(done), _number(planned), _share(done, planned), _number(tokens)]
+        + [_rate(rates[0] or None), _rate(rates[1] or None), _duration(eta), _number(sum(s.failed for s in shards))]
+        + [_number(sum(s.retries for s in shards)), "", ""]
     )
     return rows
 
@@ -264,8 +245,7 @@ def render(views: list[CategoryView], root: Path, now: float) -> str:
     rows = table(views, now)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     left = {0, 1, 2}
-    snakemake = Markers(root).says()
-    lines = [f"{root} at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}: {snakemake}", ""]
+    lines = [f"{root} at {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(now))}: {Markers(root).says()}", ""]
     for r in rows:
         cells = [c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))]
         lines.append("  ".join(cells + [r[-1]]).rstrip())
@@ -277,16 +257,11 @@ def render(views: list[CategoryView], root: Path, now: float) -> str:
 
 def steps_line(steps: list[tuple[str, str]]) -> str:
     """`merge_shards done; check_sequences, check_parsers running; ...`: steps in one state together."""
-    groups: list[tuple[list[str], str]] = []
-    for step, state in steps:
-        if groups and groups[-1][1] == state:
-            groups[-1][0].append(step)
-        else:
-            groups.append(([step], state))
-    return "; ".join(
-        f"{', '.join(names)} {state.replace('waits on', 'wait on') if len(names) > 1 else state}"
-        for names, state in groups
-    )
+    parts = []
+    for state, group in itertools.groupby(steps, key=lambda step: step[1]):
+        names = [name for name, _ in group]
+        parts.append(f"{', '.join(names)} {state.replace('waits on', 'wait on') if len(names) > 1 else state}")
+    return "; ".join(parts)
 
 
 def as_json(views: list[CategoryView]) -> list[dict]:

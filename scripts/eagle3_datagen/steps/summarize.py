@@ -1,11 +1,10 @@
-"""Per-category and per-mode accounting.
+"""Per-category and per-mode accounting, streamed from each category's generations and rejected records.
 
 The summary counts every row (id, sample_index, turn, mode) exactly once, as ok (exported), skipped,
-failed or filtered, per category and serving mode. It is computed from one streamed pass over each category's generations (lengths from
-the Parquet list offsets) and its rejected records. The turns table counts the same rows per turn
-index, with the reason of every row that was not produced (a conversation that ended early).
+failed or filtered; the turns table counts them per turn index, with the reason of each row not produced.
 """
 
+import functools
 import logging
 import re
 from collections import Counter
@@ -29,6 +28,7 @@ log = logging.getLogger(__name__)
 STATUSES = ("ok", "skipped", "failed", "filtered")
 # What reading the prompt files changed (prompt_rows._sharegpt_fixes, ReadOptions.system_prompt), per category.
 NORMALIZATION = ("speakers_mapped", "leading_assistant_dropped", "same_speaker_merged", "system_prompt_added")
+QUALITY_COLUMNS = (*(f"flag_{code}" for code in CODES), *(f"quarantined_{code}" for code in CODES))
 
 
 # The generations columns the summary reads; token ids only as list lengths, never as Python lists.
@@ -82,15 +82,14 @@ def reason_kind(reason: str) -> str:
 
 def read_rejected(rejected: str | Path) -> tuple[dict, dict, dict, dict]:
     """({mode: rows per status}, the filtered rows' reasons and quality flags by key, {mode: flag
-    counts}) of a category's rejected records. `quarantined_<code>` counts the flagged rows that were
-    left out, whichever flag (its record's `code`) or export filter left them out."""
+    counts}) of a category's rejected records: every flag of a filtered row counts as quarantined."""
     counts: dict[str, dict] = {}
     quality: dict[str, dict] = {}
     filtered, flagged = {}, {}  # generated (status ok) but left out of the dataset; ok keys are unique
     for r in iter_jsonl(rejected):
         mode = r.get("mode") or DEFAULT_MODE
         counts.setdefault(mode, {s: 0 for s in STATUSES})[r["status"]] += 1
-        tally = quality.setdefault(mode, _quality_counts())
+        tally = quality.setdefault(mode, Counter())
         if r["status"] == "filtered":
             key = (r["id"], r["sample_index"], r.get("turn", 0), mode)
             filtered[key] = r["reason"]
@@ -101,38 +100,16 @@ def read_rejected(rejected: str | Path) -> tuple[dict, dict, dict, dict]:
     return counts, filtered, flagged, quality
 
 
-def _quality_counts() -> dict:
-    return {f"flag_{code}": 0 for code in CODES} | {f"quarantined_{code}": 0 for code in CODES}
-
-
 class _ModeTally:
-    """One (category, mode)'s counts, as the summary row is made of them."""
+    """One (category, mode)'s counts (`n`: rows, tokens, statuses, flags), as its summary row is made of them."""
 
     def __init__(self):
-        self.statuses = {s: 0 for s in STATUSES}
-        self.quality = _quality_counts()
-        self.rows = self.n_ok = self.truncated = self.ok_output = self.prompt_tokens = self.output_tokens = 0
-        self.turns_merged = 0
+        self.n: Counter = Counter()
         self.budget = 0  # the largest max_new_tokens an answer was given (its mode's, where the context allows)
-        self.original = 0  # ok rows rendered on an original answer (tool_divergence: original)
         self.not_merged: Counter = Counter()
 
     def add(self, other: "_ModeTally") -> "_ModeTally":
-        for key in self.statuses:
-            self.statuses[key] += other.statuses[key]
-        for key in self.quality:
-            self.quality[key] += other.quality[key]
-        for key in (
-            "rows",
-            "n_ok",
-            "truncated",
-            "ok_output",
-            "prompt_tokens",
-            "output_tokens",
-            "turns_merged",
-            "original",
-        ):
-            setattr(self, key, getattr(self, key) + getattr(other, key))
+        self.n.update(other.n)
         self.not_merged.update(other.not_merged)
         self.budget = max(self.budget, other.budget)
         return self
@@ -140,23 +117,24 @@ class _ModeTally:
     def row(self, category: str, mode: str, normalization: dict | None) -> dict:
         """The summary row; `normalization` (what reading the file changed) only on a category's
         whole row: it counts conversations as read, before any mode."""
-        n_ok = self.n_ok
+        n, n_ok = self.n, self.n["n_ok"]
         return {
             "category": category,
             "mode": mode,
-            "rows": self.rows,
-            **self.statuses,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "mean_output_tokens": round(self.ok_output / n_ok, 1) if n_ok else 0.0,
-            "truncated_share": round(self.truncated / n_ok, 4) if n_ok else 0.0,
+            "rows": n["rows"],
+            **{status: n[status] for status in STATUSES},
+            "prompt_tokens": n["prompt_tokens"],
+            "output_tokens": n["output_tokens"],
+            "mean_output_tokens": round(n["ok_output"] / n_ok, 1) if n_ok else 0.0,
+            "truncated_share": round(n["truncated"] / n_ok, 4) if n_ok else 0.0,
             "max_new_tokens": self.budget,
-            "on_policy_rows": n_ok - self.original,
-            "original_history_rows": self.original,
-            **self.quality,
-            "turns_merged": self.turns_merged,
+            # `original`: ok rows rendered on an original answer (tool_divergence: original)
+            "on_policy_rows": n_ok - n["original"],
+            "original_history_rows": n["original"],
+            **{key: n[key] for key in QUALITY_COLUMNS},
+            "turns_merged": n["turns_merged"],
             "turns_not_merged": int(sum(self.not_merged.values())),
-            "why_not_merged": "; ".join(f"{n} x {why}" for why, n in sorted(self.not_merged.items())),
+            "why_not_merged": "; ".join(f"{k} x {why}" for why, k in sorted(self.not_merged.items())),
             **{
                 kind: (int(normalization.get(kind, 0)) if normalization is not None else None) for kind in NORMALIZATION
             },
@@ -172,10 +150,8 @@ def category_summary(
     merging: dict | None = None,
     turns: Counter | None = None,
 ) -> tuple[list[dict], dict[str, tuple[list[int], list[int]]]]:
-    """(the category's summary rows: one per serving mode, and the whole category as mode `all` when
-    it has several; the prompt and output lengths of its ok rows per mode), streamed.
-
-    `turns`, when given, gets (mode, turn, status, reason kind) -> [rows, output tokens, flags] of every row."""
+    """(the category's summary rows: per serving mode, and as mode `all` when it has several; the prompt
+    and output lengths of its ok rows per mode); `turns` gets the turns table's cells of every row."""
     counts, filtered, flagged, quality = read_rejected(rejected)
     merging = merging or {}
     kept_by_mode = (merging.get("quality") or {}).get("kept_flags_by_mode") or {}
@@ -185,7 +161,7 @@ def category_summary(
         for i, status in enumerate(batch["status"]):
             mode = batch["mode"][i] or DEFAULT_MODE
             tally = tallies.get(mode) or tallies.setdefault(mode, _ModeTally())
-            tally.rows += 1
+            tally.n["rows"] += 1
             n_output = int(batch["n_output"][i])
             key = (batch["id"][i], batch["sample_index"][i], batch["turn"][i], mode)
             if turns is not None:
@@ -199,44 +175,37 @@ def category_summary(
             if status != "ok":
                 continue
             n_prompt = int(batch["n_prompt"][i])
-            tally.n_ok += 1
-            tally.ok_output += n_output
-            tally.truncated += batch["finish_type"][i] == "length"
+            tally.n.update(n_ok=1, ok_output=n_output, truncated=batch["finish_type"][i] == "length")
+            tally.n["original"] += batch["history"][i] == ORIGINAL
             tally.budget = max(tally.budget, int(batch["max_new_tokens"][i]))
-            tally.original += batch["history"][i] == ORIGINAL
             pair = lengths.setdefault(mode, ([], []))
             pair[0].append(n_prompt)
             pair[1].append(n_output)
             if key not in filtered:
-                tally.prompt_tokens += n_prompt
-                tally.output_tokens += n_output
+                tally.n.update(prompt_tokens=n_prompt, output_tokens=n_output)
     for mode, tally in tallies.items():
-        tally.statuses.update(counts.get(mode, {}))
-        tally.statuses["ok"] = tally.rows - sum(counts.get(mode, {}).values())
-        tally.quality.update(quality.get(mode, {}))
+        tally.n.update(counts.get(mode, {}))
+        tally.n["ok"] = tally.n["rows"] - sum(counts.get(mode, {}).values())
+        tally.n.update(quality.get(mode, {}))
         for code, per_turn in (kept_by_mode.get(mode) or {}).items():
-            tally.quality[f"flag_{code}"] += sum(per_turn.values())
+            tally.n[f"flag_{code}"] += sum(per_turn.values())
             if turns is not None:
                 for turn, n in per_turn.items():
                     turns.setdefault((mode, int(turn), "ok", ""), [0, 0, Counter()])[2][code] += n
         by_mode = (merging.get("by_mode") or {}).get(mode) or {}
-        tally.turns_merged = int(by_mode.get("turns_merged", 0))
+        tally.n["turns_merged"] = int(by_mode.get("turns_merged", 0))
         tally.not_merged.update(by_mode.get("turns_not_merged") or {})
     if not tallies:  # an empty category still has its row
         tallies[DEFAULT_MODE] = _ModeTally()
     if len(tallies) == 1:
-        ((mode, tally),) = tallies.items()
-        return [tally.row(category, mode, normalization or {})], lengths
-    whole = _ModeTally()
-    for tally in tallies.values():
-        whole.add(tally)
+        return [tally.row(category, mode, normalization or {}) for mode, tally in tallies.items()], lengths
+    whole = functools.reduce(_ModeTally.add, tallies.values(), _ModeTally())
     rows = [tally.row(category, mode, None) for mode, tally in tallies.items()]
     return rows + [whole.row(category, ALL_MODES, normalization or {})], lengths
 
 
 def write_turns(per_category: dict[str, Counter], path: Path) -> pd.DataFrame:
-    """Rows and output tokens per category, mode, turn index, status and reason (the turns table), and
-    how many of those rows each quality flag marks (`flag_<code>`)."""
+    """The turns table: rows, output tokens and `flag_<code>` per category, mode, turn, status and reason."""
     columns = ["category", "mode", "turn", "status", "reason", "rows", "output_tokens", *(f"flag_{c}" for c in CODES)]
     records = [
         (category, mode, turn, status, reason, n, tokens, *(int(flags[code]) for code in CODES))
@@ -256,41 +225,32 @@ SUMMED = (
     "output_tokens",
     "turns_merged",
     "turns_not_merged",
-    *(f"flag_{code}" for code in CODES),
-    *(f"quarantined_{code}" for code in CODES),
+    *QUALITY_COLUMNS,
 )
 
 
 def _total(frame: pd.DataFrame, mode: str, normalization: bool) -> dict:
     """A total row over summary rows that do not overlap."""
-    total = {"category": "total", "mode": mode}
-    for col in SUMMED:
-        total[col] = int(frame[col].sum())
+    total = {"category": "total", "mode": mode} | {col: int(frame[col].sum()) for col in SUMMED}
     generated = frame["ok"] + frame["filtered"]
     n = int(generated.sum())
     total["mean_output_tokens"] = round(float((frame["mean_output_tokens"] * generated).sum()) / n, 1) if n else 0.0
     total["truncated_share"] = round(float((frame["truncated_share"] * generated).sum()) / n, 4) if n else 0.0
     total["max_new_tokens"] = int(frame["max_new_tokens"].max()) if "max_new_tokens" in frame and len(frame) else 0
     total["why_not_merged"] = ""
-    for kind in NORMALIZATION:
-        total[kind] = int(frame[kind].sum()) if normalization else None
-    return total
+    return total | {kind: int(frame[kind].sum()) if normalization else None for kind in NORMALIZATION}
 
 
 def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
     """The summary table: a row per category and mode, a category's whole row (mode `all`) where it
-    has several modes, then the totals: per mode where the run has several, and over everything.
-
-    Rows of one mode never overlap; so `frame[frame["mode"] != "all"]` sums to the totals."""
+    has several, then the totals (per mode where the run has several, and over everything)."""
     frame = pd.DataFrame(rows)
     per_mode = frame[frame["mode"] != ALL_MODES]
     separate, overall = mode_totals(list(dict.fromkeys(per_mode["mode"])))
     whole = frame[(frame["mode"] == ALL_MODES) | ~frame["category"].isin(frame[frame["mode"] == ALL_MODES]["category"])]
     totals = [_total(per_mode[per_mode["mode"] == mode], mode, False) for mode in separate]
     totals.append(_total(whole, overall, True))
-    frame = pd.concat([frame, pd.DataFrame(totals)], ignore_index=True)
-    for kind in NORMALIZATION:
-        frame[kind] = frame[kind].astype("Int64")
+    frame = pd.concat([frame, pd.DataFrame(totals)], ignore_index=True).astype({k: "Int64" for k in NORMALIZATION})
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, sep="\t", index=False)
     return frame

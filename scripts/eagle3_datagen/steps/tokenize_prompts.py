@@ -1,14 +1,8 @@
 """tokenize_prompts: one category's prompts table — normalized rows, exact prompt ids, budgets, seeds.
 
-The table's provenance also carries the token facts every later step needs (`token_facts.token_facts`:
-the tokenizer's fingerprint, vocabulary size, stop and reasoning ids), so that planning and
-generation never load the tokenizer.
-
-Each mode's prompts are checked to end with its prompt suffix as they are made (`prompt_suffix`):
-a suffix the template does not render fails the category on its first prompts, before any GPU time.
-
-May import: `settings`, `storage` (the prompt readers, the tables), `tokens` (templating, vocabulary,
-token facts, prompt suffix), `generation.turns`.
+Its provenance carries the token facts every later step needs (`token_facts.token_facts`), so that
+planning and generation never load the tokenizer. A prompt suffix the template does not render
+fails the category on its first prompts, before any GPU time.
 """
 
 import json
@@ -57,12 +51,12 @@ def tokenize_prompts(
     mode_mix: str | None = None,
     tool_divergence: str = "end",
 ) -> None:
-    """Tokenize one category's prompt file `source` into the prompts table `prompts`, a batch at a time
-    (`tool_divergence` goes into its provenance, for the later turns: `turns.DIVERGENCE`).
+    """Tokenize one category's prompt file `source` into the prompts table `prompts`, a batch at a time.
 
-    Rows skipped by an unexpected error (prompt_rows.PromptRow.unexpected: not a foreseen problem of the
-    row, possibly a bug) are counted apart; past `max_unexpected_row_share` of the rows they fail
-    the category, whatever `on_bad_rows` says."""
+    Rows skipped by an unexpected error (`PromptRow.unexpected`: possibly a bug) past
+    `max_unexpected_row_share` of the rows fail the category, whatever `on_bad_rows` says."""
+    # The step's parameters as given, for the provenance (in signature order).
+    params = {k: v for k, v in locals().items() if k not in ("source", "prompts", "category", "batch")}
     profile = ModelProfile.from_config(model)
     mix = ModeMix.parse(mode_mix, profile.mode_names)
     tokenizer = load_tokenizer(profile)
@@ -94,26 +88,7 @@ def tokenize_prompts(
             writer.write(table)
             progress.advance(len(rows), None if extent.rows is not None else extent.fraction(rows[-1].source))
         suffixes.finish()
-        check_bad_rows(
-            tally,
-            source,
-            max_unexpected_row_share=max_unexpected_row_share,
-            allow_empty=allow_empty,
-            on_bad_rows=on_bad_rows,
-        )
-        params = {
-            "model": model,
-            "budget": budget,
-            "samples_per_prompt": samples_per_prompt,
-            "seed": seed,
-            "on_bad_rows": on_bad_rows,
-            "allow_empty": allow_empty,
-            "reading": reading,
-            "turns": turns,
-            "max_unexpected_row_share": max_unexpected_row_share,
-            "mode_mix": mode_mix,
-            "tool_divergence": tool_divergence,
-        }
+        check_bad_rows(tally, source, max_unexpected_row_share, allow_empty, on_bad_rows)
         writer.close(table_provenance(source, tokenizer, profile, tally, params, mix))
     progress.finish()
     usable = tally.rows - tally.skipped
@@ -123,9 +98,8 @@ def tokenize_prompts(
 def table_provenance(
     source: Path, tokenizer, profile: ModelProfile, tally: "Tally", params: dict, mix: ModeMix
 ) -> dict:
-    """The prompts table's provenance: the token facts every later step reads instead of the
-    tokenizer (each mode's prompt suffix and prompt-only ids under `modes`), the mode mix with the
-    seed that drew it, what normalization changed, and the step's parameters."""
+    """The prompts table's provenance: the token facts later steps read instead of the tokenizer (per
+    mode under `modes`), the mode mix and its seed, what normalization changed, the step's parameters."""
     return {
         "prompts_file": str(source),
         **token_facts(tokenizer, profile),
@@ -142,19 +116,16 @@ def table_provenance(
         "control_token_policy": CONTROL_TOKEN_POLICY,
         "normalization": tally.normalization,
         "turns": params["turns"],
-        "tool_divergence": params.get("tool_divergence", "end"),
+        "tool_divergence": params["tool_divergence"],
         "max_turns": tally.max_turns,
         "unexpected_rows": tally.unexpected,
         "params": params,
     }
 
 
-def check_bad_rows(
-    tally: "Tally", source: Path, *, max_unexpected_row_share: float, allow_empty: bool, on_bad_rows: str
-) -> None:
-    """Fail the category where its unusable rows say so: more unexpected errors than
-    `max_unexpected_row_share` allows, no usable row at all (unless `allow_empty`), or any skipped
-    row under `on_bad_rows: fail`."""
+def check_bad_rows(tally: "Tally", source: Path, max_unexpected_row_share: float, allow_empty: bool, on_bad_rows: str):
+    """Fail the category on too many unexpected errors, no usable row (unless `allow_empty`), or any
+    skipped row under `on_bad_rows: fail`."""
     if tally.unexpected > max_unexpected_row_share * tally.rows:
         raise UnexpectedRows(
             f"{tally.unexpected} of {tally.rows} rows of {source} were skipped by an unexpected error, more than "
@@ -230,11 +201,6 @@ def input_batches(rows: Iterable[PromptRow], batching: Batching) -> Iterator[lis
         yield batch
 
 
-def row_seed(base_seed: int, row_id: str, sample_index: int) -> int:
-    """A stable per-request seed: the same row and sample always draw the same seed."""
-    return int(stable_hash([base_seed, row_id, sample_index])[:15], 16) % (2**31 - 1)
-
-
 def mode_chats(chat: ChatTokenizer, profile: ModelProfile, modes: tuple[str, ...] = ()) -> dict[str, ChatTokenizer]:
     """A chat tokenizer per mode (`modes`, default: every mode of the profile), sharing one tokenizer;
     `chat` serves its own mode."""
@@ -256,12 +222,9 @@ def build_prompt_rows(
     turns: str = "last",
     mix: ModeMix | None = None,
 ) -> list[dict]:
-    """Prompt table rows: one per (id, mode, sample_index); skipped rows keep their reason.
-
-    Each conversation is rendered in its modes (`mix`, default: the profile's first mode), with that
-    mode's template variables (`chat`: a chat tokenizer per mode, or the first mode's). `prompt_ids`
-    are the first regenerated turn's prompt: with `turns: last` the whole conversation, with
-    `turns: all` the history up to the first user message an assistant answers (`turn_ends`)."""
+    """Prompt table rows: one per (id, mode, sample_index), rendered in its modes (`mix`, default: the
+    profile's first); skipped rows keep their reason. `prompt_ids` are the first regenerated turn's
+    prompt (`turn_ends`: `turns: last` the whole conversation, `turns: all` up to the first answer)."""
     chats = chat if isinstance(chat, dict) else mode_chats(chat, profile)
     mix = mix or ModeMix.parse(None, profile.mode_names)
     ends = {id(r): turn_ends(r.messages, turns) for r in rows if r.ok}
@@ -284,15 +247,13 @@ def build_prompt_rows(
         for mode in modes_of[id(row)]:
             tokens = by_key.get((id(row), mode))
             prompt_ids = tokens.prompt_ids if tokens is not None else []
-            reason = row.reason
-            max_new = 0
+            reason, max_new = row.reason, 0
             if reason is None and tokens.error is not None:
                 reason = f"{row.source}: field 'messages': the chat template cannot render or encode it: {tokens.error}"
             elif reason is None:
                 n, own = len(prompt_ids), budget.for_mode(mode)
-                max_new, reason = output_budget(n, context_length=profile.context_length, budget=own)
-                if reason is not None:
-                    reason = f"{row.source}: {reason}"
+                max_new, why = output_budget(n, context_length=profile.context_length, budget=own)
+                reason = None if why is None else f"{row.source}: {why}"
             for sample_index in range(samples_per_prompt):
                 out.append(
                     {
@@ -309,8 +270,8 @@ def build_prompt_rows(
                         "turn_ends": ends.get(id(row), []),
                         "n_prompt_tokens": len(prompt_ids),
                         "max_new_tokens": max_new,
-                        # A conversation's seed is its own in every mode: a mode is what differs.
-                        "seed": row_seed(base_seed, row.id, sample_index),
+                        # Stable per row and sample, the same in every mode: a mode is what differs.
+                        "seed": int(stable_hash([base_seed, row.id, sample_index])[:15], 16) % (2**31 - 1),
                         "status": "ok" if reason is None else "skipped",
                         "reason": reason or "",
                     }

@@ -3,9 +3,8 @@
     eagle3-datagen vocab-check --vocab results/vocab --train results/train/train.jsonl \\
         --tokenizer /models/Kimi-K2.5 --trust-remote-code
 
-A mapping (`results/vocab/`) counted on one `train.jsonl` and used with another, or with another
-tokenizer's ids, trains a draft whose vocabulary misses the target's tokens; training runs and
-acceptance quietly collapses. The command exits 1 with the differences, 0 when there are none.
+A mapping counted on other data or another tokenizer's ids trains without error and collapses
+acceptance. The command exits 1 with the differences, 0 when there are none.
 """
 
 import argparse
@@ -67,12 +66,9 @@ def check_vocab(
     target_vocab_size: int | None = None,
     max_length: int | None = None,
 ) -> list[str]:
-    """Every way the mapping in `vocab` does not belong to `train` and the tokenizer (empty: it does), by
-    its `provenance.json` (`steps.vocab_mapping`): the data's sha256, the tokenizer's sha256 and length,
-    the vocabulary sizes, `max_length`, and its own files.
-
-    `tokenizer` is `tokens.vocabulary.tokenizer_fingerprint` of the tokenizer at hand; the sizes and
-    `max_length`, when given, are those the trainer is configured with."""
+    """Every way the mapping in `vocab` does not belong to `train` and the tokenizer (empty: it does),
+    by its `provenance.json`. `tokenizer` is `tokenizer_fingerprint` of the tokenizer at hand; the
+    sizes and `max_length`, when given, are those the trainer is configured with."""
     path = vocab / PROVENANCE
     if not path.is_file():
         return [f"provenance: {path} is missing, so nothing says what the mapping was built from; build it again"]

@@ -1,23 +1,8 @@
-"""The loss tokens' frequencies and the draft vocabulary, in the files both trainers read.
+"""The loss tokens' frequencies and the draft vocabulary, in the files both trainers read (docs/data.md).
 
-One pass over `train.jsonl` counts every loss-masked token id (`input_ids[loss_mask == 1]`, as both
-trainers count). From the counts, the draft vocabulary is the `draft_vocab_size` most frequent ids
-(ties: the lower id first), padded with the lowest unused ids below `draft_vocab_size` when fewer
-were seen, in ascending order — speculators' rule (`build_vocab_mappings_from_distribution`):
-
-- `d2t` (int64, `[draft_vocab_size]`): offsets, target id = draft index + d2t[draft index];
-- `t2d` (bool, `[target_vocab_size]`): which target ids the draft vocabulary holds.
-
-Files: `vocab_mapping.pt` = `torch.save({"d2t": d2t, "t2d": t2d})` (SpecForge `model.vocab_mapping_path`);
-`token_freq.pt` = `torch.save(dict[int, int])` (speculators' `token_freq.pt`), `d2t.npy` and
-`t2d.npy` (speculators `--d2t-path`, `--t2d-path`).
-
-`provenance.json` beside them says what the mapping was built from: the sha256 of `train.jsonl`
-(taken in the same pass), its rows and loss tokens, the tokenizer's sha256 and length (from the
-prompts tables' provenance), the draft and target vocabulary sizes, `export.filters.max_length`, and
-the sha256 of each file written. A draft vocabulary counted on other data, or on another tokenizer's
-ids, trains a draft that rarely proposes what the target accepts, and nothing fails:
-`steps.vocab_check` refuses such a mapping by these records.
+One pass over `train.jsonl` counts every loss-masked token id and takes its sha256. The draft
+vocabulary follows speculators' `build_vocab_mappings_from_distribution`; `provenance.json` records
+what it was built from, so that `steps.vocab_check` can refuse it for other data or another tokenizer.
 """
 
 import hashlib
@@ -72,18 +57,16 @@ def loss_token_counts(path: Path, vocab_size: int, digest=None) -> tuple[np.ndar
 
 
 def draft_vocabulary(counts: np.ndarray, draft_vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(d2t, t2d) of the `draft_vocab_size` most frequent ids (see the module doc)."""
+    """(d2t, t2d) of the `draft_vocab_size` most frequent ids, ties to the lower id, padded with the
+    lowest unused ids when fewer were seen; target id = draft index + d2t[draft index]."""
     vocab_size = counts.size
     if draft_vocab_size > vocab_size:
         raise ValueError(f"draft_vocab_size {draft_vocab_size} is larger than the target vocabulary {vocab_size}")
     seen = np.flatnonzero(counts)
     order = seen[np.lexsort((seen, -counts[seen]))]  # count descending, then id ascending
-    selected = list(order[:draft_vocab_size])
-    if len(selected) < draft_vocab_size:
-        taken = set(int(i) for i in selected)
-        pad = (i for i in range(draft_vocab_size) if i not in taken)
-        selected += [next(pad) for _ in range(draft_vocab_size - len(selected))]
-    chosen = np.sort(np.asarray(selected, dtype=np.int64))
+    selected = order[:draft_vocab_size]
+    pad = np.setdiff1d(np.arange(draft_vocab_size), selected)[: draft_vocab_size - selected.size]
+    chosen = np.sort(np.concatenate([selected, pad]).astype(np.int64))
     d2t = chosen - np.arange(draft_vocab_size, dtype=np.int64)
     t2d = np.zeros(vocab_size, dtype=bool)
     t2d[chosen] = True
