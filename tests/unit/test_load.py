@@ -24,7 +24,7 @@ def test_v1_loads_and_get_load_read_as_one_load_over_ranks():
         ],
     }  # fmt: skip
     load = parse_loads(v1)
-    assert (load.running, load.waiting, load.ranks, load.max_running) == (40, 2, 2, 128)
+    assert (load.running, load.waiting, load.ranks, load.used_tokens) == (40, 2, 2, 1000)
     # 0.5.8's /get_load: num_reqs counts the running and the waiting requests together.
     old = [{"dp_rank": 0, "num_reqs": 12, "num_waiting_reqs": 3, "num_tokens": 500, "ts_tic": 1.0}]
     assert parse_loads(old) == Load(running=9, waiting=3, used_tokens=500, ranks=1)
@@ -39,9 +39,10 @@ def test_the_load_the_engine_serves_reads_as_the_scheduler_holds_it():
     for key in range(12):
         scheduler.add(key, 100, 50, 64)
     scheduler.step()
-    load = parse_loads({"loads": [scheduler.load()]})
-    assert (load.running, load.waiting, load.ranks, load.max_running) == (8, 4, 1, 8)
-    assert (load.used_tokens, load.total_tokens) == (8 * 101, 10_000)
+    entry = scheduler.load()
+    load = parse_loads({"loads": [entry]})
+    assert (load.running, load.waiting, load.ranks, load.used_tokens) == (8, 4, 1, 8 * 101)
+    assert (entry["max_running_requests"], entry["max_total_num_tokens"]) == (8, 10_000)
 
 
 def test_a_fixed_concurrency_never_moves():

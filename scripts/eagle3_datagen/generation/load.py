@@ -14,8 +14,6 @@ class Load:
     running: int
     waiting: int
     used_tokens: int = 0
-    total_tokens: int = 0
-    max_running: int = 0
     ranks: int = 1
 
     def __add__(self, other: "Load") -> "Load":
@@ -32,8 +30,6 @@ def parse_loads(data) -> Load:
                 running=sum(int(r["num_running_reqs"]) for r in ranks),
                 waiting=sum(int(r["num_waiting_reqs"]) for r in ranks),
                 used_tokens=sum(int(r.get("num_used_tokens", 0)) for r in ranks),
-                total_tokens=sum(int(r.get("max_total_num_tokens", 0)) for r in ranks),
-                max_running=sum(int(r.get("max_running_requests", 0)) for r in ranks),
                 ranks=len(ranks),
             )
         if isinstance(data, list) and data and all(isinstance(r, dict) for r in data):

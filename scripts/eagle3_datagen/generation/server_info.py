@@ -45,18 +45,13 @@ MAX_REQ_INPUT_MARGIN = 6
 def served_context(info: dict) -> int | None:
     """The context the server serves: its --context-length (null when it was not given) and, where
     reported, the smaller limit its KV pool sets (max_req_input_len); None when it reports neither."""
-    limits = []
-    if info.get("context_length") is not None:
-        limits.append(int(info["context_length"]))
-    if info.get("max_req_input_len") is not None:
-        limits.append(int(info["max_req_input_len"]) + MAX_REQ_INPUT_MARGIN)
-    return min(limits) if limits else None
+    margins = {"context_length": 0, "max_req_input_len": MAX_REQ_INPUT_MARGIN}
+    return min((int(info[k]) + m for k, m in margins.items() if info.get(k) is not None), default=None)
 
 
 def check_server_info(info: dict, *, context_length: int, url: str) -> list[str]:
     """Start-up checks of /server_info against the config. Raises on what would corrupt data (a server
     whose answers carry no text, --skip-tokenizer-init, is refused by `identity.check_model_info`)."""
-    warnings = []
     if info.get("allow_auto_truncate"):
         raise RuntimeError(f"{url} runs with --allow-auto-truncate: it would silently cut prompts; refusing to use it")
     server_context = served_context(info)
@@ -70,13 +65,12 @@ def check_server_info(info: dict, *, context_length: int, url: str) -> list[str]
             f"{url} serves a context of {server_context} tokens, but model.context_length is {context_length}: "
             "requests sized for the config would be rejected"
         )
-    for flag in ("reasoning_parser", "tool_call_parser"):
-        if info.get(flag):
-            warnings.append(
-                f"{url} runs with --{flag.replace('_', '-')} {info[flag]}: it only affects the OpenAI chat "
-                "layer, not /generate, but a server for this pipeline needs none"
-            )
-    return warnings
+    return [
+        f"{url} runs with --{flag.replace('_', '-')} {info[flag]}: it only affects the OpenAI chat "
+        "layer, not /generate, but a server for this pipeline needs none"
+        for flag in ("reasoning_parser", "tool_call_parser")
+        if info.get(flag)
+    ]
 
 
 def streams_incrementally(info: dict) -> bool:
