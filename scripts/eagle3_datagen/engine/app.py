@@ -66,7 +66,9 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return await _answer(srv, request, job, fut, t_start)
     except asyncio.CancelledError:  # the client went away: abort, record once the backend has stopped
         job.request_abort()
-        srv.in_background(_record_when_done(srv, job, fut, t_start))
+        task = asyncio.ensure_future(_record_when_done(srv, job, fut, t_start))  # `on_cleanup` waits for it
+        srv.background.add(task)
+        task.add_done_callback(srv.background.discard)
         raise
     finally:
         if srv.inflight.get(job.rid) is job:

@@ -102,7 +102,7 @@ class EngineServer:
         self.inflight: dict[str, Job] = {}
         self.load_error: BaseException | None = None
         self._start_task: asyncio.Task | None = None
-        self._background: set = set()
+        self.background: set = set()
         self.never_healthy, self.die_after, self.served = False, None, 0  # the CLI's test modes
 
     async def on_startup(self, app: web.Application) -> None:
@@ -119,7 +119,7 @@ class EngineServer:
     async def on_cleanup(self, app: web.Application) -> None:
         for job in list(self.inflight.values()):
             job.request_abort()
-        await asyncio.gather(self._start_task, *self._background, return_exceptions=True)
+        await asyncio.gather(self._start_task, *self.background, return_exceptions=True)
         await asyncio.get_running_loop().run_in_executor(None, self.backend.close)
         if self._record is not None:
             self._record.close()
@@ -128,12 +128,6 @@ class EngineServer:
     @property
     def ready(self) -> bool:
         return self.backend.alive and self.load_error is None
-
-    def in_background(self, coro) -> None:
-        """Run `coro` as a task that `on_cleanup` waits for."""
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     def _write(self, **row: Any) -> None:
         if self._record is not None:

@@ -76,16 +76,6 @@ def check_ids(output_ids, vocab_size: int, raw: bytes | None = None, *, whole: b
         raise RetryableError(f"malformed response: output ids outside the vocabulary (size {vocab_size}): {bad[:5]}")
 
 
-def check_length(output_ids: list, req: Request) -> None:
-    """RetryableError for an answer of no tokens, or of more than the request's budget."""
-    if not output_ids:
-        raise RetryableError("malformed response: no output tokens")
-    if len(output_ids) > req.max_new_tokens:
-        raise RetryableError(
-            f"malformed response: {len(output_ids)} output tokens, more than max_new_tokens {req.max_new_tokens}"
-        )
-
-
 def parse_response(data, req: Request, vocab_size: int, raw: bytes | None = None) -> dict:
     """Validate one /generate answer and turn it into result fields; a bad answer is retryable."""
     if not isinstance(data, dict):
@@ -101,7 +91,12 @@ def parse_response(data, req: Request, vocab_size: int, raw: bytes | None = None
         raise RetryableError(f"aborted by the server: {finish.get('message')}")
     if finish_type not in ("stop", "length"):
         raise RetryableError(f"malformed response: unknown finish_reason type {finish_type!r}")
-    check_length(output_ids, req)
+    if not output_ids:
+        raise RetryableError("malformed response: no output tokens")
+    if len(output_ids) > req.max_new_tokens:
+        raise RetryableError(
+            f"malformed response: {len(output_ids)} output tokens, more than max_new_tokens {req.max_new_tokens}"
+        )
     if max(output_ids) >= vocab_size:
         bad = [t for t in output_ids if not 0 <= t < vocab_size]
         raise RetryableError(f"malformed response: output ids outside the vocabulary (size {vocab_size}): {bad[:5]}")

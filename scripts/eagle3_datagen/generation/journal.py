@@ -37,13 +37,6 @@ ADVICE = (
 )
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    """Write all of `data` to `fd`, looping on short writes (a nearly full disk takes part of a write)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def loop_rows(live_loop: LoopSettings | None) -> Callable[[dict], bool]:
     """Which ok entries may be reused (`Journal.reuse`): a loop the client stopped only while loops are
     stopped live (`live_loop`: the current settings, or None) and still found in its ids."""
@@ -166,9 +159,14 @@ class Journal:
         line = orjson.dumps(entry) + b"\n"
         with self._lock:
             if self.stopped is not None:
-                raise self._refusal()
+                why = f"journal {self.path} takes no entry after its failed write: {self.stopped}"
+                if isinstance(self.stopped, DiskFull):
+                    raise DiskFull(self.stopped.errno, why, self.path)
+                raise OSError(self.stopped.errno, why)
             try:
-                _write_all(self._fd, line)
+                view = memoryview(line)
+                while view:  # a short write: a nearly full disk takes part of it
+                    view = view[os.write(self._fd, view) :]
             except OSError as exc:
                 self._stop(exc, self._size, self._lines, unwritten=len(line), cut=0)
             ref = (0, self._size, len(line) - 1)
@@ -203,12 +201,6 @@ class Journal:
         advice = ADVICE + (f"{lost} and are sent again)" if cut else "")
         self.stopped = disk_full(exc, self.path, what="journal", unwritten=unwritten, needed=needed, advice=advice)
         raise self.stopped from exc
-
-    def _refusal(self) -> OSError:
-        why = f"journal {self.path} takes no entry after its failed write: {self.stopped}"
-        if isinstance(self.stopped, DiskFull):
-            return DiskFull(self.stopped.errno, why, self.path)
-        return OSError(self.stopped.errno, why)
 
     def sync_due(self) -> bool:
         """Time for an fsync (the caller syncs, so that an event loop can do it off its thread)."""

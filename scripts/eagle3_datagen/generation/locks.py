@@ -26,15 +26,6 @@ class ShardBusy(RuntimeError):
     """Another live job holds the shard's journal."""
 
 
-def holder_facts() -> dict:
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
-        "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-
-
 def describe(facts: dict) -> str:
     job = f", SLURM job {facts['slurm_job_id']}" if facts.get("slurm_job_id") else ""
     return f"host {facts.get('host')}, pid {facts.get('pid')}{job}, since {facts.get('since')}"
@@ -72,7 +63,13 @@ class ShardLock:
             ) from None
         try:
             os.ftruncate(fd, 0)
-            os.write(fd, (json.dumps(holder_facts()) + "\n").encode())
+            facts = {
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+            os.write(fd, (json.dumps(facts) + "\n").encode())
             os.fsync(fd)
         except OSError as exc:
             os.close(fd)  # and so the lock goes

@@ -257,7 +257,7 @@ class Ranks:
         deadline = time.monotonic() + SETTLE_S
         while True:
             deaths = self._deaths()
-            causes = [d for d in deaths if not lost_a_peer(d[1])]
+            causes = [d for d in deaths if not any(sign in log_tail(d[1], lines=200) for sign in PEER_LOST)]
             if causes or len(deaths) == len(self.ranks) + 1 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
@@ -279,12 +279,6 @@ class Ranks:
         self._stop.set()
         for rank in self.ranks:
             rank.stop(RANK_GRACE_S)
-
-
-def lost_a_peer(log_path: Path) -> bool:
-    """Whether a rank's log ends saying it died because a peer did."""
-    tail = log_tail(log_path, lines=200)
-    return any(sign in tail for sign in PEER_LOST)
 
 
 def _first_child(pid: int) -> int | None:
