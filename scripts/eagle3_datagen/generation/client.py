@@ -229,7 +229,7 @@ class GenerateClient:
             "limit_max": max(limits) if limits else None,
             "retractions": self.control.retractions if self.control else 0,
             "limit_cuts": self.control.cuts if self.control else 0,
-            "load_endpoint": self.loads.endpoints(),
+            "load_endpoint": sorted({p for p in self.loads.paths.values() if p}),
             "timeline": timeline,
         }
 

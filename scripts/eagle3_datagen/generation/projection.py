@@ -148,20 +148,17 @@ def total_row(rows: list[dict], category: str, mode: str) -> dict:
         return round(half, 4) if key.startswith("server_hours") else round(half)
 
     total = {"category": category, "mode": mode}
-    for key in ("conversations", "sampled", "requests", "prompt_tokens", "output_tokens", "dataset_gb", "disk_gb"):
-        total[key] = add(key)
-    for key in ("requests_ci95", "output_tokens_ci95", "server_hours_ci95"):
-        total[key] = add_ci(key)
-    total["server_hours"] = add("server_hours")
-    total["gpu_hours"] = add("gpu_hours")
+    total |= {k: add(k) for k in ("conversations", "sampled", "requests", "prompt_tokens", "output_tokens")}
+    total |= {k: add(k) for k in ("dataset_gb", "disk_gb")}
+    total |= {k: add_ci(k) for k in ("requests_ci95", "output_tokens_ci95", "server_hours_ci95")}
+    total |= {k: add(k) for k in ("server_hours", "gpu_hours")}
     truncated = sum(r["truncated_share"] * r["requests"] for r in rows)
     total["truncated_share"] = round(truncated / total["requests"], 4) if total["requests"] else 0.0
     for key in SHARED:
         values = {r.get(key) for r in rows}
         total[key] = values.pop() if len(values) == 1 else None
     for suffix in ("live_stop", "no_live_stop"):
-        for key in (f"output_tokens_{suffix}", f"server_hours_{suffix}", f"gpu_hours_{suffix}"):
-            total[key] = add(key)
+        total |= {f"{k}_{suffix}": add(f"{k}_{suffix}") for k in ("output_tokens", "server_hours", "gpu_hours")}
     # The flags' shares over every pilot row (the samples pooled).
     pooled = {"generated": sum(r["pilot_rows"] for r in rows)}
     pooled |= {f"flag_{code}": sum(r[f"{code}_rows"] for r in rows) for code in CODES}

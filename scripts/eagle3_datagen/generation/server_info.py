@@ -91,9 +91,6 @@ class LoadReader:
     def may_answer(self) -> bool:
         return any(self.paths.get(url, "") is not None for url in self.urls)
 
-    def endpoints(self) -> list[str]:
-        return sorted({p for p in self.paths.values() if p})
-
     async def _read_one(self, session: aiohttp.ClientSession, url: str) -> Load | None:
         for path in [self.paths[url]] if url in self.paths else ["/v1/loads", "/get_load"]:
             try:
