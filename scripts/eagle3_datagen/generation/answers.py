@@ -44,16 +44,11 @@ _PLAIN_IDS = b"0123456789,"
 def ids_are_plain(raw: bytes | None, n: int) -> bool | None:
     """Whether `output_ids` are written as digits and commas only, read from the answer's bytes in one pass
     of C code; None when `raw` does not hold them in SGLang's compact form (then each id is checked)."""
-    if raw is None:
-        return None
-    start = raw.find(_IDS_KEY)
-    if start < 0:
-        return None
-    start += len(_IDS_KEY)
-    end = raw.find(b"]", start)
+    start = raw.find(_IDS_KEY) if raw is not None else -1
+    end = raw.find(b"]", start) if start >= 0 else -1  # the key holds no "]"
     if end < 0:
         return None
-    region = raw[start:end]
+    region = raw[start + len(_IDS_KEY) : end]
     if region.count(b",") != max(n - 1, 0):
         return None  # not the list orjson parsed (a nested or repeated key): check one by one
     return not region.translate(None, _PLAIN_IDS)

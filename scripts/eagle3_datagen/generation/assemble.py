@@ -108,8 +108,7 @@ class FailureCount:
 
     def count(self, rows: Iterable[dict]) -> Iterator[dict]:
         for r in rows:
-            if r["status"] in ("ok", "failed"):
-                self.attempted += 1
+            self.attempted += r["status"] in ("ok", "failed")
             if r["status"] == "failed":
                 self.failed += 1
                 if len(self.examples) < 5:
