@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from eagle3_datagen.generation.journal import Journal
 from eagle3_datagen.generation.locks import ShardLock
-from eagle3_datagen.generation.requests import Request
+from eagle3_datagen.generation.requests import Request, row_label
 from eagle3_datagen.generation.servers import attempt_logs
 from eagle3_datagen.generation.turns import TurnBuilder, walk
 from eagle3_datagen.settings import DEFAULT_MODE
@@ -112,9 +112,8 @@ class FailureCount:
             if r["status"] == "failed":
                 self.failed += 1
                 if len(self.examples) < 5:
-                    turn = f".t{r['turn']}" if r["turn"] else ""
-                    mode = f"@{r['mode']}" if r.get("mode", DEFAULT_MODE) != DEFAULT_MODE else ""
-                    self.examples.append(f"{r['id']}.{r['sample_index']}{turn}{mode}: {r['error']}")
+                    label = row_label(r["id"], r["sample_index"], r["turn"], r.get("mode", DEFAULT_MODE))
+                    self.examples.append(f"{label}: {r['error']}")
             yield r
 
 

@@ -126,27 +126,24 @@ class ShardProgress:
                 self._warned = True
 
 
-class Publisher:
-    """Publishes a running client's `counts()` from a thread of its own every `interval_s`."""
+@contextlib.contextmanager
+def publishing(progress: ShardProgress, counts: Callable[[], dict]):
+    """Publish a running client's `counts()` from a thread of its own every `interval_s`."""
+    stop = threading.Event()
 
-    def __init__(self, progress: ShardProgress, counts: Callable[[], dict]):
-        self.progress, self.counts = progress, counts
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
+    def run() -> None:
+        while not stop.wait(progress.interval_s):
+            progress.update(counts())
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.progress.interval_s):
-            self.progress.update(self.counts())
-
-    def __enter__(self) -> "Publisher":
-        self.progress.update(self.counts(), force=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.progress.update(self.counts(), force=True)
+    progress.update(counts(), force=True)
+    thread = threading.Thread(target=run, name="progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        progress.update(counts(), force=True)
 
 
 def lock_held(journal: str | Path) -> bool:

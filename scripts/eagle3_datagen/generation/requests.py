@@ -13,6 +13,11 @@ import orjson
 from eagle3_datagen.settings import DEFAULT_MODE, canonical_json
 
 
+def row_label(row_id: str, sample_index: int, turn: int = 0, mode: str = DEFAULT_MODE) -> str:
+    """`{id}.{sample}[.t{turn}][@{mode}]`: a row as logs and messages name it, and its rids begin."""
+    return f"{row_id}.{sample_index}" + (f".t{turn}" if turn else "") + (f"@{mode}" if mode != DEFAULT_MODE else "")
+
+
 @dataclass
 class Request:
     """What the client sends for one (id, sample_index, turn, mode) row; `template`: its mode's (None: the client's)."""
@@ -33,11 +38,7 @@ class Request:
 
     @property
     def label(self) -> str:
-        return (
-            f"{self.id}.{self.sample_index}"
-            + (f".t{self.turn}" if self.turn else "")
-            + (f"@{self.mode}" if self.mode != DEFAULT_MODE else "")
-        )
+        return row_label(*self.key)
 
     def continued(self, received: list[int]) -> "Request":
         """The same row's request going on after the `received` ids of its answer (its identity stays)."""

@@ -15,7 +15,7 @@ from eagle3_datagen.generation.identity import AnswerCheck, ServerMismatch, chec
 from eagle3_datagen.generation.journal import Journal, loop_rows
 from eagle3_datagen.generation.launch import api_key
 from eagle3_datagen.generation.planning import Plan, make_builder, make_plan, requests_to_send
-from eagle3_datagen.generation.progress import Publisher, ShardProgress
+from eagle3_datagen.generation.progress import ShardProgress, publishing
 from eagle3_datagen.generation.server_info import seeds_honoured, server_provenance, streams_incrementally
 from eagle3_datagen.generation.servers import job_facts, servers, terminate_on_sigterm
 from eagle3_datagen.generation.streaming import LiveStop
@@ -161,7 +161,7 @@ def _send_plan(
         requests = requests_to_send(prompt_rows(), builder, journal, in_flight)
         journal.remaining_rows = todo.to_send + todo.later_turns  # for a full disk's message
         try:
-            with Publisher(progress, lambda: _sent_counts(client)):
+            with publishing(progress, lambda: _sent_counts(client)):
                 run_loop(
                     client.run(
                         requests,
