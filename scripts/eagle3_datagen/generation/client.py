@@ -238,7 +238,7 @@ class GenerateClient:
         started = time.monotonic()
         warned = False
         while True:
-            load = await self.loads.read(self.session) if self.loads.may_answer() else None
+            load = await self.loads.read(self.session)
             if load is None and control.auto and not warned:
                 warned = True
                 log.warning(

@@ -40,13 +40,10 @@ ADVICE = (
 def loop_rows(live_loop: LoopSettings | None) -> Callable[[dict], bool]:
     """Which ok entries may be reused (`Journal.reuse`): a loop the client stopped only while loops are
     stopped live (`live_loop`: the current settings, or None) and still found in its ids."""
-
-    def reusable(entry: dict) -> bool:
-        if entry.get("finish_type") != LOOP_FINISH:
-            return True
-        return live_loop is not None and find_loop(entry.get("output_ids") or [], live_loop) is not None
-
-    return reusable
+    return lambda entry: (
+        entry.get("finish_type") != LOOP_FINISH
+        or (live_loop is not None and find_loop(entry.get("output_ids") or [], live_loop) is not None)
+    )
 
 
 def entry_key(entry: dict) -> tuple[str, int, int, str]:

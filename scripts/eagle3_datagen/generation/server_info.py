@@ -88,9 +88,6 @@ class LoadReader:
         self.urls = urls
         self.paths: dict[str, str | None] = {}  # the load endpoint each server answers, None: none
 
-    def may_answer(self) -> bool:
-        return any(self.paths.get(url, "") is not None for url in self.urls)
-
     async def _read_one(self, session: aiohttp.ClientSession, url: str) -> Load | None:
         for path in [self.paths[url]] if url in self.paths else ["/v1/loads", "/get_load"]:
             try:
@@ -106,7 +103,9 @@ class LoadReader:
         return None
 
     async def read(self, session: aiohttp.ClientSession) -> Load | None:
-        """None when a server has no load endpoint or does not answer."""
+        """None when a server has no load endpoint or does not answer (none is asked once none has one)."""
+        if all(self.paths.get(url, "") is None for url in self.urls):
+            return None
         total = None
         for url in self.urls:
             load = await self._read_one(session, url)
