@@ -127,7 +127,7 @@ def _send_plan(
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     # Each server's first answers are checked against the tokenizer the prompts were made with (the
     # one the later turns use), before the server is started.
-    answer_check = AnswerCheck(builder.layer.tokenizer, tokenizer_dir=profile.tokenizer)
+    answer_check = AnswerCheck(builder.tokenizer, tokenizer_dir=profile.tokenizer)
     live = LiveStop.from_quality(quality)
     with servers(engine, profile=profile, log_path=server_log, key=key, incremental_streaming=live is not None) as srv:
         sent = {"servers": server_provenance(srv.urls, profile, headers)}
@@ -171,10 +171,10 @@ def _send_plan(
                         follow=follower(in_flight) if todo.later_turns else None,
                     )
                 )
-        except ServerDied as exc:
+        except ServerDied as exc:  # where to look: the rank that died first and its log's end, else its log
+            where = (srv.ranks is not None and srv.ranks.first_death()) or f"its log is {server_log}"
             raise ServerDied(
-                f"{category}: {exc}; {srv.death(server_log)}. The journal {journal.path} keeps "
-                "every finished row: rerun to resume."
+                f"{category}: {exc}; {where}. The journal {journal.path} keeps every finished row: rerun to resume."
             ) from None
         except ServerMismatch as exc:
             raise ServerMismatch(f"{category}: {exc}") from None

@@ -197,11 +197,6 @@ class Servers:
     def alive(self) -> bool:
         return (self.managed is None or self.managed.alive()) and (self.ranks is None or self.ranks.alive())
 
-    def death(self, log_path: Path) -> str:
-        """Where to look after the server died: its log, or the rank that died first and its log's end."""
-        first = self.ranks.first_death() if self.ranks is not None else None
-        return first or f"its log is {log_path}"
-
 
 @contextmanager
 def servers(

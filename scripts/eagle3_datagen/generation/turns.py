@@ -120,11 +120,6 @@ class TurnBuilder:
             )
         return tokenizer
 
-    @property
-    def layer(self):
-        """The chat layer of the first mode."""
-        return self.layer_for(self.profile.mode)
-
     def layer_for(self, mode: str):
         """The chat layer of one mode: the next turn is rendered, and an answer parsed, as that mode does."""
         if mode not in self._layers:
