@@ -71,8 +71,6 @@ ENDINGS = (
 
 def reason_kind(reason: str) -> str:
     """A row's reason without its ids and numbers (rows per kind in the turns table)."""
-    if not reason:
-        return ""
     if reason.startswith("conversation ended:"):
         for needle, kind in ENDINGS:
             if needle in reason:
