@@ -118,11 +118,6 @@ def budget_for(config: dict, category: dict) -> dict:
     return budget
 
 
-def _reading(config: dict, category: dict) -> dict:
-    """How to read the category's prompt file (prompt_rows.ReadOptions), from its row of the sheet."""
-    return dataclasses.asdict(ReadOptions.from_category(category, int(config["seed"])))
-
-
 def _cell(category: dict, key: str, default=None):
     """A cell of the category's row of the sheet, or `default` where it is empty (NaN in a TSV)."""
     value = category.get(key)
@@ -160,7 +155,7 @@ PARAMS = {
     "on_bad_rows": lambda c, row: c["on_bad_rows"],
     "max_unexpected_row_share": lambda c, row: float(c["max_unexpected_row_share"]),
     "allow_empty": lambda c, row: bool(c["allow_empty_categories"]),
-    "reading": _reading,
+    "reading": lambda c, row: dataclasses.asdict(ReadOptions.from_category(row, int(c["seed"]))),
     "sampling": lambda c, row: sampling_for(c, row, mode_mix(c, row).names),
     "engine": lambda c, row: c["engine"],
     "client": lambda c, row: c["client"],
