@@ -139,6 +139,12 @@ DEFAULT_MODE = "default"
 ALL_MODES = "all"
 
 
+def sheet_cell(category: dict, key: str, default=None):
+    """A cell of a category's row of the sheet, or `default` where it is empty (NaN in a TSV)."""
+    value = category.get(key)
+    return default if value is None or value != value or value == "" else value
+
+
 def mode_totals(modes: list[str]) -> tuple[list[str], str]:
     """The totals a table with a row per mode ends with: (the modes totalled on their own, where there
     are several; the mode of the overall total: ALL_MODES, or the one mode)."""
