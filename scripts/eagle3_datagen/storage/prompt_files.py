@@ -135,8 +135,7 @@ def _state_files(state: Path) -> list[Path]:
 def file_kind(path: Path) -> str | None:
     name = path.name.lower()
     for suffix in COMPRESSIONS:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
+        name = name.removesuffix(suffix)
     if name.endswith(JSON_SUFFIXES):
         return "json"
     if name.endswith(COLUMNAR_SUFFIXES) and not COMPRESSIONS.get(path.suffix.lower()):
