@@ -48,9 +48,7 @@ def output_end(ids: np.ndarray, start: int, end: int, facts: QualityFacts) -> in
     i = end - 1
     while i >= start and int(ids[i]) in facts.whitespace_ids and int(ids[i]) not in facts.stop_ids:
         i -= 1
-    if i >= start and int(ids[i]) in facts.stop_ids:
-        return i + 1
-    return None
+    return i + 1 if i >= start and int(ids[i]) in facts.stop_ids else None
 
 
 def _int_array(value, kinds: str = "iu") -> np.ndarray | None:
