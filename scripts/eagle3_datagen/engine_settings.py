@@ -106,10 +106,6 @@ class ExternalServers:
 KINDS = {cls.kind: cls for cls in (SGLangServer, LocalServer, ExternalServers)}
 
 
-def _text(value) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 @dataclass(frozen=True)
 class EngineSettings:
     """The engine block: its server (one type per kind) and what every kind shares."""
@@ -139,7 +135,8 @@ class EngineSettings:
             if key in block:
                 block[key] = tuple(str(a) for a in block[key] or ())
         if "env" in block:
-            block["env"] = tuple((str(k), _text(v)) for k, v in (block["env"] or {}).items())
+            env = (block["env"] or {}).items()
+            block["env"] = tuple((str(k), str(v).lower() if isinstance(v, bool) else str(v)) for k, v in env)
         return cls(
             server=KINDS[kind](**block),
             deterministic_inference=bool(engine["deterministic_inference"]),

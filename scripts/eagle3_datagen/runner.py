@@ -159,6 +159,4 @@ def _from_tables(name: str, many: bool, config: dict, sheet, row: dict | None, a
         if "{category}" in pattern and category is None:
             return None
         return pattern.format(category=category, shard=args.shard)
-    if name in PARAMS:
-        return PARAMS[name](config, row or {})
-    return None
+    return PARAMS[name](config, row or {}) if name in PARAMS else None

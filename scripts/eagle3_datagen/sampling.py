@@ -1,6 +1,6 @@
 """Where a category's rows get their sampling values (`SAMPLING_PRECEDENCE`), checked before any job runs."""
 
-from eagle3_datagen.settings import SAMPLING_KEYS, ModelProfile, defaults
+from eagle3_datagen.settings import SAMPLING_KEYS, ModelProfile, defaults, sheet_cell
 
 # Where a row's sampling values come from, first found wins; written once, for the README and for
 # every error a conflicting config gets.
@@ -18,8 +18,8 @@ def sheet_sampling(category: dict, modes: tuple[str, ...], every_mode: tuple[str
     (thinking:1.0,instant:0.6), so that one mode is never silently sampled at the other's value."""
     per_mode: dict[str, dict] = {mode: {} for mode in every_mode}
     for key in SHEET_SAMPLING_KEYS:
-        value = category.get(key)
-        if value is None or value != value or value == "":  # NaN marks an empty TSV cell
+        value = sheet_cell(category, key)
+        if value is None:
             continue
         text = str(value).strip()
         if ":" not in text:

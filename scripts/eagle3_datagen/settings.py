@@ -139,6 +139,12 @@ DEFAULT_MODE = "default"
 ALL_MODES = "all"
 
 
+def sheet_cell(category: dict, key: str, default=None):
+    """A cell of a category's row of the sheet, or `default` where it is empty (NaN in a TSV)."""
+    value = category.get(key)
+    return default if value is None or value != value or value == "" else value
+
+
 def mode_totals(modes: list[str]) -> tuple[list[str], str]:
     """The totals a table with a row per mode ends with: (the modes totalled on their own, where there
     are several; the mode of the overall total: ALL_MODES, or the one mode)."""
@@ -150,15 +156,6 @@ def mode_totals(modes: list[str]) -> tuple[list[str], str]:
 # Sampling keys the pipeline sends on every request. SGLang's /generate applies none of the model's
 # generation_config defaults, so every one of these is always explicit.
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
-
-def _eos_tokens(model: dict) -> tuple:
-    """model.eos_tokens, none of them a turn end too (a token either ends a turn or does not)."""
-    eos = tuple(model.get("eos_tokens") or ())
-    both = sorted(set(eos) & set(model.get("stop_tokens") or ()))
-    if both:
-        raise ValueError(f"model.eos_tokens and model.stop_tokens both name {both}: a token either ends a turn or not")
-    return eos
 
 
 @dataclass(frozen=True)
@@ -190,6 +187,11 @@ class ModelProfile:
     def from_config(cls, model: dict) -> "ModelProfile":
         model = defaults("model", **model)
         modes = {str(name): dict(spec or {}) for name, spec in (model.get("modes") or {}).items()}
+        eos, stops = tuple(model.get("eos_tokens") or ()), tuple(model.get("stop_tokens") or ())
+        if both := sorted(set(eos) & set(stops)):
+            raise ValueError(
+                f"model.eos_tokens and model.stop_tokens both name {both}: a token either ends a turn or not"
+            )
         return cls(
             name=model["name"],
             tokenizer=str(model["tokenizer"]),
@@ -199,8 +201,8 @@ class ModelProfile:
             prompt_suffix=tuple(model.get("prompt_suffix") or ()),
             reasoning_start=model.get("reasoning_start", "<think>"),
             reasoning_end=model.get("reasoning_end"),
-            stop_tokens=tuple(model.get("stop_tokens") or ()),
-            eos_tokens=_eos_tokens(model),
+            stop_tokens=stops,
+            eos_tokens=eos,
             prompt_only_tokens=tuple(model.get("prompt_only_tokens") or ()),
             reasoning_parser=model.get("reasoning_parser"),
             tool_call_parser=model.get("tool_call_parser"),

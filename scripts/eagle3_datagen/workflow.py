@@ -17,7 +17,7 @@ import yaml
 
 from eagle3_datagen.engine_settings import EngineSettings
 from eagle3_datagen.sampling import sampling_for
-from eagle3_datagen.settings import RENAMED_KEYS, Budget, ModelProfile, ModeMix, defaults, validate_config
+from eagle3_datagen.settings import RENAMED_KEYS, Budget, ModelProfile, ModeMix, defaults, sheet_cell, validate_config
 from eagle3_datagen.storage.progress import ProgressOnly, terminal_format
 from eagle3_datagen.storage.prompt_rows import ReadOptions
 
@@ -92,7 +92,7 @@ def budget_for(config: dict, category: dict) -> dict:
     """A category's budget (`Budget`'s fields, `modes` only where a mode has values of its own), each
     value from the first place that gives it (BUDGET_PRECEDENCE); refused where a mode's min_new_tokens
     exceeds its max_new_tokens: every row of it would be skipped."""
-    cell = _cell(category, "max_new_tokens")
+    cell = sheet_cell(category, "max_new_tokens")
     budget = {
         "max_new_tokens": int(config["max_new_tokens"] if cell is None else cell),
         "min_new_tokens": int(config["min_new_tokens"]),
@@ -118,21 +118,10 @@ def budget_for(config: dict, category: dict) -> dict:
     return budget
 
 
-def _reading(config: dict, category: dict) -> dict:
-    """How to read the category's prompt file (prompt_rows.ReadOptions), from its row of the sheet."""
-    return dataclasses.asdict(ReadOptions.from_category(category, int(config["seed"])))
-
-
-def _cell(category: dict, key: str, default=None):
-    """A cell of the category's row of the sheet, or `default` where it is empty (NaN in a TSV)."""
-    value = category.get(key)
-    return default if value is None or value != value or value == "" else value
-
-
 def _export(config: dict, category: dict) -> dict:
     """The export block, with the category's merge_turns where its row of the sheet sets one."""
     export = defaults("export", **config.get("export", {}))
-    merge = _cell(category, "merge_turns")
+    merge = sheet_cell(category, "merge_turns")
     if merge is not None:
         export["merge_turns"] = merge if isinstance(merge, bool) else str(merge).lower() in ("true", "1", "yes")
     return export
@@ -141,7 +130,7 @@ def _export(config: dict, category: dict) -> dict:
 def mode_mix(config: dict, category: dict):
     """The category's serving-mode mix (`settings.ModeMix`), checked against the model's modes: its
     sheet cell, else the config's mode_mix, else the first mode."""
-    cell = _cell(category, "mode_mix")
+    cell = sheet_cell(category, "mode_mix")
     names = ModelProfile.from_config(config["model"]).mode_names
     try:
         return ModeMix.parse(cell if cell is not None else config.get("mode_mix"), names)
@@ -155,12 +144,12 @@ def mode_mix(config: dict, category: dict):
 PARAMS = {
     "model": lambda c, row: c["model"],
     "budget": budget_for,
-    "samples_per_prompt": lambda c, row: int(_cell(row, "samples_per_prompt", c["samples_per_prompt"])),
+    "samples_per_prompt": lambda c, row: int(sheet_cell(row, "samples_per_prompt", c["samples_per_prompt"])),
     "seed": lambda c, row: int(c["seed"]),
     "on_bad_rows": lambda c, row: c["on_bad_rows"],
     "max_unexpected_row_share": lambda c, row: float(c["max_unexpected_row_share"]),
     "allow_empty": lambda c, row: bool(c["allow_empty_categories"]),
-    "reading": _reading,
+    "reading": lambda c, row: dataclasses.asdict(ReadOptions.from_category(row, int(c["seed"]))),
     "sampling": lambda c, row: sampling_for(c, row, mode_mix(c, row).names),
     "engine": lambda c, row: c["engine"],
     "client": lambda c, row: c["client"],
@@ -169,8 +158,8 @@ PARAMS = {
     "shards": lambda c, row: shard_count(row),
     "export": _export,
     "quality": lambda c, row: dict(c["quality"]),
-    "turns": lambda c, row: str(_cell(row, "turns") or c.get("turns", "all")),
-    "tool_divergence": lambda c, row: str(_cell(row, "tool_divergence") or c.get("tool_divergence", "end")),
+    "turns": lambda c, row: str(sheet_cell(row, "turns") or c.get("turns", "all")),
+    "tool_divergence": lambda c, row: str(sheet_cell(row, "tool_divergence") or c.get("tool_divergence", "end")),
     "mode_mix": lambda c, row: mode_mix(c, row).to_json(),
     "categories": lambda c, row: list(load_sheet(c["categories"])["category"]),
     "demo_model": lambda c, row: c["demo_model"],

@@ -48,9 +48,7 @@ def output_end(ids: np.ndarray, start: int, end: int, facts: QualityFacts) -> in
     i = end - 1
     while i >= start and int(ids[i]) in facts.whitespace_ids and int(ids[i]) not in facts.stop_ids:
         i -= 1
-    if i >= start and int(ids[i]) in facts.stop_ids:
-        return i + 1
-    return None
+    return i + 1 if i >= start and int(ids[i]) in facts.stop_ids else None
 
 
 def _int_array(value, kinds: str = "iu") -> np.ndarray | None:
@@ -64,15 +62,6 @@ def _int_array(value, kinds: str = "iu") -> np.ndarray | None:
     except (ValueError, TypeError):
         return None
     return array.astype(np.int64) if array.ndim == 1 and array.dtype.kind in kinds else None
-
-
-def _vocab_flags(ids: np.ndarray, vocab_size: int) -> list[Flag]:
-    outside = np.flatnonzero((ids < 0) | (ids >= vocab_size))
-    if not outside.size:
-        return []
-    first = int(outside[0])
-    detail = f"{outside.size} ids outside 0..{vocab_size - 1}, the first {int(ids[first])} at position {first}"
-    return [Flag("id_out_of_vocab", detail)]
 
 
 def _mask_flags(mask_value, n_ids: int) -> tuple[np.ndarray | None, list[Flag]]:
@@ -123,8 +112,14 @@ def audit_row(row, settings: AuditSettings) -> list[Flag]:
         return [Flag("unreadable_row", "input_ids is not a list of integers")]
     if not ids.size:
         return [Flag("unreadable_row", "input_ids is empty")]
-    mask, mask_flags = _mask_flags(row.get("loss_mask"), ids.size)
-    flags = _vocab_flags(ids, settings.vocab_size) + mask_flags
+    mask, flags = _mask_flags(row.get("loss_mask"), ids.size)
+    outside = np.flatnonzero((ids < 0) | (ids >= settings.vocab_size))
+    if outside.size:
+        first = int(outside[0])
+        detail = (
+            f"{outside.size} ids outside 0..{settings.vocab_size - 1}, the first {int(ids[first])} at position {first}"
+        )
+        flags = [Flag("id_out_of_vocab", detail), *flags]
     if mask is not None:
         flags += span_flags(ids, mask, settings)
     return flags

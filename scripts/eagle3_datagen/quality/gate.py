@@ -4,7 +4,6 @@ row becomes a `filtered` record), and the tallies of the flags of the rows kept 
 from collections import Counter
 
 from eagle3_datagen.quality.flags import CODES, Flag, QualityFacts, QualitySettings, row_flags
-from eagle3_datagen.settings import DEFAULT_MODE
 
 
 class Gate:
@@ -22,9 +21,6 @@ class Gate:
         """(the row's flags, the first one its policy quarantines, or None)."""
         flags = row_flags(row["prompt_ids"], row["output_ids"], row["finish_type"], self.facts, self.settings.loop)
         return flags, self.settings.quarantined(flags)
-
-    def count_kept(self, flags: list[Flag], turn: int, mode: str = DEFAULT_MODE) -> None:
-        self.kept.update((flag.code, int(turn), mode) for flag in flags)
 
     def stats(self) -> dict:
         """What the dataset's provenance records: the gate's settings and the kept rows' flags, per

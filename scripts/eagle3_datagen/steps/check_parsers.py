@@ -88,12 +88,6 @@ class _Checker(ChatLayer):
         return batch_decode(self.tokenizer, [list(ids)], skip_special_tokens=False)[0]
 
 
-def _first_diff(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(differ[0]) if differ.size else n
-
-
 def _section_span(output: list[int], offset: int, section_ids) -> tuple[int, int] | None:
     """The tool section in `expected`: its first token to its last end token, or to the output's end."""
     if not section_ids or section_ids[0] not in output:
@@ -170,7 +164,9 @@ def _check_mode(ck: _Checker, rows: list[dict]) -> list[dict]:
         n = len(expected)
         if not (route[:n] == expected and ck.tolerated_tail(route, ends_with_stop) >= len(route) - n):
             core = route[: len(route) - ck.tolerated_tail(route, ends_with_stop)]
-            first_diff = _first_diff(expected, core)
+            n = min(len(expected), len(core))
+            differ = np.flatnonzero(np.asarray(expected[:n]) != np.asarray(core[:n]))
+            first_diff = int(differ[0]) if differ.size else n
             verdict = classify(ck, g, expected, route, core, first_diff, n_end, texts[i], reasonings[i], rendered[i])
             lo = max(0, first_diff - EXCERPT_BEFORE)
             exp_excerpt = ck.decode(expected[lo : first_diff + EXCERPT_AFTER])

@@ -175,10 +175,9 @@ class SequenceChecker:
         matched = g["finish_matched"]
         if finish == "stop" and matched.lstrip("-").isdigit() and output_ids and int(matched) != output_ids[-1]:
             yield "finish_matches_output", f"matched {matched} but last output id {output_ids[-1]}"
-        lowest = min(min(prompt_ids, default=0), min(output_ids, default=0))
-        highest = max(max(prompt_ids, default=0), max(output_ids, default=0))
-        if lowest < 0 or highest >= vocab:
-            outside = sorted({t for t in prompt_ids + output_ids if not 0 <= t < vocab})
+        ids = prompt_ids + output_ids
+        if ids and (min(ids) < 0 or max(ids) >= vocab):
+            outside = sorted({t for t in ids if not 0 <= t < vocab})
             yield "ids_in_vocabulary", f"ids {outside[:10]} outside vocabulary of {vocab}"
         if len(output_ids) > int(g["max_new_tokens"]):
             yield "within_budget", f"{len(output_ids)} output tokens > max_new_tokens {g['max_new_tokens']}"

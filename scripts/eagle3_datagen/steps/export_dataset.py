@@ -87,7 +87,7 @@ def split_rows(generations: list[dict], filters: Filters, gate: Gate | None = No
             filtered = (quarantined.code, reason_of(quarantined)) if quarantined else filter_reason(row, filters)
             if filtered is None:
                 if gate is not None:
-                    gate.count_kept(flags, row["turn"], row.get("mode") or DEFAULT_MODE)
+                    gate.kept.update((f.code, int(row["turn"]), row.get("mode") or DEFAULT_MODE) for f in flags)
                 dataset.append({**row, "flags": [f.code for f in flags]})
                 continue
             status, (code, reason) = "filtered", filtered

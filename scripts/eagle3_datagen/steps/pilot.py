@@ -22,7 +22,7 @@ from eagle3_datagen.quality.flags import CODES, LOOP_FINISH, QualityFacts, Quali
 from eagle3_datagen.quality.loops import find_loop
 from eagle3_datagen.settings import ALL_MODES, DEFAULT_MODE, ClientSettings, ModelProfile, PilotSettings, stable_hash
 from eagle3_datagen.storage.layout import journal_path
-from eagle3_datagen.storage.tables import iter_batches, iter_rows, read_provenance
+from eagle3_datagen.storage.tables import iter_rows, read_provenance
 from eagle3_datagen.storage.trainer_rows import dataset_row
 
 log = logging.getLogger(__name__)
@@ -33,13 +33,12 @@ def sample_keys(prompts: Path, pilot: dict, seed: int, order: tuple[str, ...] = 
     mode, the max(min_rows, ceil(fraction x usable)) usable rows with the smallest seeded hashes."""
     settings = PilotSettings.from_config(pilot)
     drawn: dict[str, list] = {}
-    for rows in iter_batches(prompts, columns=["id", "sample_index", "mode", "status"]):
-        for r in rows:
-            if r["status"] == "ok":
-                key = (r["id"], int(r["sample_index"]), r["mode"])
-                # A profile's one default mode draws as before modes were: the same sample.
-                hashed = key[:2] if r["mode"] == DEFAULT_MODE else key
-                drawn.setdefault(r["mode"] or DEFAULT_MODE, []).append((stable_hash([seed, "pilot", *hashed]), key))
+    for r in iter_rows(prompts, columns=["id", "sample_index", "mode", "status"]):
+        if r["status"] == "ok":
+            key = (r["id"], int(r["sample_index"]), r["mode"])
+            # A profile's one default mode draws as before modes were: the same sample.
+            hashed = key[:2] if r["mode"] == DEFAULT_MODE else key
+            drawn.setdefault(r["mode"] or DEFAULT_MODE, []).append((stable_hash([seed, "pilot", *hashed]), key))
     keys = set()
     for in_mode in drawn.values():
         n = min(len(in_mode), max(settings.min_rows, math.ceil(settings.fraction * len(in_mode))))

@@ -9,7 +9,7 @@ from eagle3_datagen.figures.base import by_series, save
 from eagle3_datagen.figures.shares import draw_finish_reasons, draw_token_share, draw_verdicts
 from eagle3_datagen.quality.flags import LOOP_FINISH
 from eagle3_datagen.settings import DEFAULT_MODE
-from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_batches, iter_record_batches, read_provenance
+from eagle3_datagen.storage.tables import DEFAULT_BATCHING, Batching, iter_record_batches, iter_rows, read_provenance
 from eagle3_datagen.tokens.chat_layer import VERDICTS
 
 
@@ -29,12 +29,11 @@ class VerdictTally:
 def tally_verdicts(path: str | Path, batching: Batching = DEFAULT_BATCHING) -> dict[str, VerdictTally]:
     """Per serving mode: rows per verdict, reasoning and answer tokens, streamed."""
     tallies: dict[str, VerdictTally] = {}
-    for batch in iter_batches(path, batching, columns=["mode", "verdict", "n_reasoning_tokens", "n_answer_tokens"]):
-        for r in batch:
-            tally = tallies.setdefault(r["mode"] or DEFAULT_MODE, VerdictTally())
-            tally.verdicts[r["verdict"]] += 1
-            tally.reasoning_tokens += r["n_reasoning_tokens"]
-            tally.answer_tokens += r["n_answer_tokens"]
+    for r in iter_rows(path, batching, columns=["mode", "verdict", "n_reasoning_tokens", "n_answer_tokens"]):
+        tally = tallies.setdefault(r["mode"] or DEFAULT_MODE, VerdictTally())
+        tally.verdicts[r["verdict"]] += 1
+        tally.reasoning_tokens += r["n_reasoning_tokens"]
+        tally.answer_tokens += r["n_answer_tokens"]
     return tallies
 
 
@@ -49,9 +48,7 @@ def tally_finishes(
     ids are looked at."""
     counts: dict[str, Counter] = {}
     for batch in iter_record_batches(path, batching, columns=["mode", "status", "finish_type", "output_ids"]):
-        modes = batch["mode"].to_pylist()
-        status = batch["status"].to_pylist()
-        finish = batch["finish_type"].to_pylist()
+        modes, status, finish = (batch[column].to_pylist() for column in ("mode", "status", "finish_type"))
         for i, (s, f) in enumerate(zip(status, finish)):
             c = counts.setdefault(modes[i] or DEFAULT_MODE, Counter())
             if s != "ok":

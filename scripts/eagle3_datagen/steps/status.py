@@ -265,11 +265,8 @@ def steps_line(steps: list[tuple[str, str]]) -> str:
 
 
 def as_json(views: list[CategoryView]) -> list[dict]:
-    out = []
-    for category in views:
-        shards = [{k: v for k, v in asdict(s).items() if k != "facts"} for s in category.shards]
-        out.append({"category": category.name, "shards": shards, "steps": dict(category.steps)})
-    return out
+    shards = [[{k: v for k, v in asdict(s).items() if k != "facts"} for s in c.shards] for c in views]
+    return [{"category": c.name, "shards": s, "steps": dict(c.steps)} for c, s in zip(views, shards)]
 
 
 def main(argv: list[str] | None = None, prog: str = "status") -> int:

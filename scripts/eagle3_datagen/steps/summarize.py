@@ -71,8 +71,6 @@ ENDINGS = (
 
 def reason_kind(reason: str) -> str:
     """A row's reason without its ids and numbers (rows per kind in the turns table)."""
-    if not reason:
-        return ""
     if reason.startswith("conversation ended:"):
         for needle, kind in ENDINGS:
             if needle in reason:
@@ -86,17 +84,18 @@ def read_rejected(rejected: str | Path) -> tuple[dict, dict, dict, dict]:
     counts: dict[str, dict] = {}
     quality: dict[str, dict] = {}
     filtered, flagged = {}, {}  # generated (status ok) but left out of the dataset; ok keys are unique
-    for r in iter_jsonl(rejected):
-        mode = r.get("mode") or DEFAULT_MODE
-        counts.setdefault(mode, {s: 0 for s in STATUSES})[r["status"]] += 1
-        tally = quality.setdefault(mode, Counter())
-        if r["status"] == "filtered":
-            key = (r["id"], r["sample_index"], r.get("turn", 0), mode)
-            filtered[key] = r["reason"]
-            flagged[key] = r.get("flags") or ()
-            for code in flagged[key]:  # a filtered row's flags were all left out with it
-                tally[f"flag_{code}"] += 1
-                tally[f"quarantined_{code}"] += 1
+    with open(rejected, "rb") as fh:
+        for r in (orjson.loads(line) for line in fh if line.strip()):
+            mode = r.get("mode") or DEFAULT_MODE
+            counts.setdefault(mode, {s: 0 for s in STATUSES})[r["status"]] += 1
+            tally = quality.setdefault(mode, Counter())
+            if r["status"] == "filtered":
+                key = (r["id"], r["sample_index"], r.get("turn", 0), mode)
+                filtered[key] = r["reason"]
+                flagged[key] = r.get("flags") or ()
+                for code in flagged[key]:  # a filtered row's flags were all left out with it
+                    tally[f"flag_{code}"] += 1
+                    tally[f"quarantined_{code}"] += 1
     return counts, filtered, flagged, quality
 
 
@@ -254,13 +253,6 @@ def write_summary(rows: list[dict], path: Path) -> pd.DataFrame:
     path.parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, sep="\t", index=False)
     return frame
-
-
-def iter_jsonl(path: str | Path) -> Iterator[dict]:
-    with open(path, "rb") as fh:
-        for line in fh:
-            if line.strip():
-                yield orjson.loads(line)
 
 
 def summarize(

@@ -5,6 +5,7 @@ May import: `settings`, `storage.prompt_rows`; never the formats or the reading 
 """
 
 import codecs
+import gzip
 import itertools
 import json
 from pathlib import Path
@@ -54,14 +55,8 @@ def read_blocks(path: Path):
             if kind == "zstd":
                 yield from _zstd_blocks(raw)
                 return
-            if kind == "gzip":
-                import gzip
-
-                fh = gzip.open(raw, "rb")
-            else:
-                fh = raw
-            while block := fh.read(BLOCK):
-                yield block
+            fh = gzip.open(raw, "rb") if kind == "gzip" else raw
+            yield from iter(lambda: fh.read(BLOCK), b"")
     except Exception as exc:  # gzip.BadGzipFile, zstandard.ZstdError, EOFError, OSError, ...
         raise PromptFileError(
             f"{path}: cannot be read as {kind or 'uncompressed'} data: {type(exc).__name__}: {exc}"
@@ -135,8 +130,7 @@ def _state_files(state: Path) -> list[Path]:
 def file_kind(path: Path) -> str | None:
     name = path.name.lower()
     for suffix in COMPRESSIONS:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
+        name = name.removesuffix(suffix)
     if name.endswith(JSON_SUFFIXES):
         return "json"
     if name.endswith(COLUMNAR_SUFFIXES) and not COMPRESSIONS.get(path.suffix.lower()):

@@ -189,12 +189,10 @@ def _batch_records(batch):
     Python (a date past year 9999, invalid UTF-8 from a careless writer) is its row's error, naming
     the column, and the batch's other rows are still read."""
     try:
-        records = batch.to_pylist()
-    except Exception:  # found again below, row by row, with the column it is in
-        records = None
-    if records is not None:
-        yield from ((record, None) for record in records)
+        yield from ((record, None) for record in batch.to_pylist())
         return
+    except Exception:  # found again below, row by row, with the column it is in
+        pass
     columns = list(zip(batch.schema.names, batch.columns))
     for i in range(batch.num_rows):
         record, error = {}, None
@@ -235,8 +233,7 @@ def record_batches(path: Path):
                 reader = pa.ipc.open_stream(source)
             except pa.ArrowInvalid:
                 reader = pa.ipc.open_file(source)
-                for i in range(reader.num_record_batches):
-                    yield reader.get_batch(i)
+                yield from (reader.get_batch(i) for i in range(reader.num_record_batches))
                 return
             yield from reader
     except Exception as exc:

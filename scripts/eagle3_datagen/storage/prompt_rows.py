@@ -6,13 +6,14 @@ it is what gets regenerated (DESIGN §2).
 May import: `settings` only (the file readers and the reading pass build on this module).
 """
 
+import functools
 import hashlib
 import json
 import math
 import reprlib
 from dataclasses import dataclass, field
 
-from eagle3_datagen.settings import stable_hash
+from eagle3_datagen.settings import sheet_cell, stable_hash
 
 ROLES = ("system", "user", "assistant", "tool")
 SHAREGPT_ROLES = {
@@ -45,10 +46,7 @@ class ReadOptions:
 
     @classmethod
     def from_category(cls, category: dict, seed: int) -> "ReadOptions":
-        def cell(key):
-            value = category.get(key)
-            return None if value is None or value != value or value == "" else value
-
+        cell = functools.partial(sheet_cell, category)
         return cls(
             messages_field=cell("messages_field"),
             id_field=cell("id_field") or "id",

@@ -1,6 +1,7 @@
 """Parquet tables of the pipeline: explicit Arrow schemas (token ids `list<int32>`), run provenance in
 the metadata, read and written in bounded batches (`Batching`) so that no category is ever held whole."""
 
+import itertools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -118,16 +119,14 @@ def iter_batches(
     path: str | Path, batching: Batching = DEFAULT_BATCHING, columns: list[str] | None = None
 ) -> Iterator[list[dict]]:
     """A table's rows as lists of dicts, in order, each list within `batching`."""
-    for batch in iter_record_batches(path, batching, columns):
-        yield batch.to_pylist()
+    return (batch.to_pylist() for batch in iter_record_batches(path, batching, columns))
 
 
 def iter_rows(
     path: str | Path, batching: Batching = DEFAULT_BATCHING, columns: list[str] | None = None
 ) -> Iterator[dict]:
     """A table's rows one by one, read a batch at a time."""
-    for rows in iter_batches(path, batching, columns):
-        yield from rows
+    return itertools.chain.from_iterable(iter_batches(path, batching, columns))
 
 
 def logged(batches: Iterable, total: int, label: str, interval_s: float = INTERVAL_S) -> Iterator:

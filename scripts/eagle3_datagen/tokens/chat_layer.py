@@ -13,8 +13,8 @@ from __future__ import annotations
 from eagle3_datagen.settings import ModelProfile
 from eagle3_datagen.tokens import parsers
 from eagle3_datagen.tokens.templating import ChatTokenizer
-from eagle3_datagen.tokens.token_facts import stop_set
-from eagle3_datagen.tokens.vocabulary import batch_decode, token_id
+from eagle3_datagen.tokens.token_facts import optional_id, stop_set
+from eagle3_datagen.tokens.vocabulary import batch_decode
 
 
 class ChatLayer:
@@ -28,10 +28,7 @@ class ChatLayer:
         # SGLang's detokenizer trims whatever id matched, the model's eos as well as a stop token.
         self.stops = set(stop_set(tokenizer, profile).ids)
         self.think_end = profile.reasoning_end or parsers.THINK_END
-        try:
-            self.think_end_id: int | None = token_id(tokenizer, self.think_end)
-        except ValueError:  # a model without a reasoning end token
-            self.think_end_id = None
+        self.think_end_id = optional_id(tokenizer, self.think_end)  # None: a model without one
         self.reasoning_parser = profile.reasoning_parser
         self.tool_parser = profile.tool_call_parser
         template = getattr(tokenizer, "chat_template", None)

@@ -79,14 +79,14 @@ def token_facts(tokenizer, profile: ModelProfile) -> dict:
         "stop_set": stop_set(tokenizer, profile).to_json(),
         "prompt_suffix_ids": token_ids(tokenizer, profile.prompt_suffix),
         "prompt_only_ids": token_ids(tokenizer, profile.prompt_only_tokens),
-        "reasoning_start_id": _optional_id(tokenizer, profile.reasoning_start),
+        "reasoning_start_id": optional_id(tokenizer, profile.reasoning_start),
         "reasoning_end_id": token_id(tokenizer, profile.reasoning_end) if profile.reasoning_end else None,
         # For the quality gate's empty_answer: read from the vocabulary, never from decoded answers.
         "whitespace_ids": whitespace_ids(tokenizer),
     }
 
 
-def _optional_id(tokenizer, token: str | None) -> int | None:
+def optional_id(tokenizer, token: str | None) -> int | None:
     """The id of a token the tokenizer may lack (model.reasoning_start's default), or None."""
     if not token:
         return None

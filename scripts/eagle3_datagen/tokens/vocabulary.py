@@ -109,9 +109,7 @@ def tokenizer_fingerprint(tokenizer) -> dict:
 def tiktoken_model(tokenizer):
     """The `tiktoken.Encoding` behind a TikToken tokenizer (Kimi's remote code keeps it as `.model`), or None."""
     model = getattr(tokenizer, "model", None)
-    if model is None or type(model).__module__.split(".")[0] != "tiktoken":
-        return None
-    return model
+    return model if type(model).__module__.split(".")[0] == "tiktoken" else None
 
 
 def whitespace_ids(tokenizer) -> list[int]:
