@@ -15,6 +15,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import struct
@@ -43,15 +44,10 @@ DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_
 # How long a rank may take to end by itself once rank 0 stopped (it follows rank 0's shutdown).
 RANK_GRACE_S = 30.0
 # What a rank's log says when it died because a peer did (gloo over TCP, NCCL, torch's watchdog).
-PEER_LOST = (
-    "Connection reset by peer",
-    "Connection closed by peer",
-    "Broken pipe",
-    "ncclRemoteError",
-    "remote process exiting",
-    "Watchdog caught collective operation timeout",
+PEER_LOST = re.compile(
+    r"gloo.*(?:Connection (?:reset|closed) by peer|Broken pipe)|ncclRemoteError|Watchdog caught collective operation timeout"
 )
-# How long the rank that died first is waited for, once only ranks that lost a peer are seen dead.
+# How long the rank that died first is waited for, once the ranks seen dead all lost a peer.
 SETTLE_S = 5.0
 
 
@@ -255,13 +251,12 @@ class Ranks:
         Deaths are seen by polling, and a rank's death takes the others with it, so two can be seen
         in one poll, and the one that died first is told by its log: the others say they lost a peer."""
         deadline = time.monotonic() + SETTLE_S
-        while True:
-            deaths = self._deaths()
-            causes = [d for d in deaths if not any(sign in log_tail(d[1], lines=200) for sign in PEER_LOST)]
+        while deaths := self._deaths():
+            causes = [d for d in deaths if not PEER_LOST.search(log_tail(d[1], lines=200))]
             if causes or len(deaths) == len(self.ranks) + 1 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        if not deaths:
+        else:
             return None
         _, path, rank = min(causes or deaths, key=lambda d: d[0])
         if rank is None:

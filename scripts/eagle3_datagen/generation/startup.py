@@ -22,9 +22,13 @@ class ServerError(RuntimeError):
 
 
 def log_tail(path: Path, lines: int = 30, width: int = 400) -> str:
-    """The log's last lines, each cut at `width` characters (SGLang logs all its arguments on one line)."""
+    """The log's last lines, each cut at `width` characters (SGLang logs all its arguments on one line).
+    Only the file's end is read: a server's log after a long run may be large."""
     try:
-        text = Path(path).read_text(errors="replace").splitlines()
+        with open(path, "rb") as fh:
+            start = max(fh.seek(0, os.SEEK_END) - lines * (width + 100), 0)
+            fh.seek(start)
+            text = fh.read().decode(errors="replace").splitlines()[1 if start else 0 :]
     except OSError:
         return "(no log)"
     return "\n".join(line if len(line) <= width else line[:width] + " [...]" for line in text[-lines:])
