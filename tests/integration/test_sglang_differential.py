@@ -311,7 +311,7 @@ def loads_facts(reply: Reply) -> dict:
             "running": load.running,
             "waiting": load.waiting,
             "ranks": load.ranks,
-            "total_tokens": type_name(load.total_tokens),
+            "used_tokens": type_name(load.used_tokens),
         },  # fmt: skip
     }
 
