@@ -126,8 +126,9 @@ def _send_plan(
     key = api_key(engine)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     # Each server's first answers are checked against the tokenizer the prompts were made with (the
-    # one the later turns use), before the server is started.
-    answer_check = AnswerCheck(builder.tokenizer, tokenizer_dir=profile.tokenizer)
+    # one the later turns use). The first mode's chat layer is built here, before the server is
+    # started, so that a profile it cannot take ends the job before any GPU time is spent.
+    answer_check = AnswerCheck(builder.layer_for(profile.mode).tokenizer, tokenizer_dir=profile.tokenizer)
     live = LiveStop.from_quality(quality)
     with servers(engine, profile=profile, log_path=server_log, key=key, incremental_streaming=live is not None) as srv:
         sent = {"servers": server_provenance(srv.urls, profile, headers)}
