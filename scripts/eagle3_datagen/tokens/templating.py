@@ -46,19 +46,18 @@ class ChatTokenizer:
     def _protect(self, messages: list[dict], literals: list[str]) -> list[dict]:
         """Replace literal control text in message fields with numbered marks, collecting the text."""
 
-        def mark(match) -> str:
-            literals.append(match.group())
+        def mark(literal: str) -> str:
+            literals.append(literal)
             return f"{_MARK_OPEN}{len(literals) - 1}{_MARK_CLOSE}"
 
-        pattern = self.control.pattern
         protected = []
         for message in messages:
             # Assistant turns may carry real control tokens (a template splits them on `</think>`);
             # only text that a person or a tool wrote is protected.
             if message["role"] in ("system", "user", "tool"):
                 content = message.get("content")
-                if pattern is not None and isinstance(content, str):
-                    content = pattern.sub(mark, content)
+                if isinstance(content, str):
+                    content = self.control.sub(mark, content)
                 message = dict(message, content=content)
             protected.append(message)
         return protected
