@@ -96,7 +96,8 @@ def _reasoning_open_at_start(prompt_ids, facts: QualityFacts) -> bool:
 
 def _reasoning_state(prompt_ids, output_ids, facts: QualityFacts) -> tuple[bool, int | None]:
     """(whether the output ends inside its reasoning, the index of its last reasoning end or None)."""
-    last_end = max((i for i, tid in enumerate(output_ids) if tid == facts.reasoning_end_id), default=None)
+    # From the end back to the last closer only: the answer, not a long reasoning before it.
+    last_end = next((i for i in range(len(output_ids) - 1, -1, -1) if output_ids[i] == facts.reasoning_end_id), None)
     # Closed, unless the output opened it again after its last closer.
     reopened = facts.reasoning_start_id in (output_ids if last_end is None else output_ids[last_end + 1 :])
     return reopened or (last_end is None and _reasoning_open_at_start(prompt_ids, facts)), last_end
