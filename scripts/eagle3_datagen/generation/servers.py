@@ -79,12 +79,12 @@ class ManagedServer:
     port, `startup_timeout_s`; any but the first stops the group and raises one ServerError (the
     cause, as `describe(exit code, log tail)` names it, then the log's last lines)."""
 
-    cmd: list[str]
+    cmd: list[str] = field(repr=False)  # may hold the API key
     _: KW_ONLY
     port: int
     log_path: Path
     startup_timeout_s: float = 600.0
-    env: dict | None = None
+    env: dict | None = field(default=None, repr=False)  # may hold the API key
     describe: Callable[[int, str], str] = lambda code, tail: last_error(tail)
     label: str = "the server"
     watch: Callable[[], str | None] | None = None  # while it starts: the cause of a failure elsewhere (a rank)
