@@ -18,7 +18,7 @@ time (bench_serving's `output_throughput`: the same definition), median of --rep
 Figures: the client's best (auto, and the best fixed value) over bench_serving's best; auto over the
 client's best fixed value. Goals: both ≥ 0.95.
 
-    .venv/bin/python bench/sglang_serving.py [--requests 48] [--output-tokens 32] [--sweep 4,8,16,32]
+    .venv/bin/python bench/sglang_serving.py [--requests 256] [--output-tokens 128] [--sweep 8,16,32,64]
         [--repeats 2] [--out /tmp/sglang_serving.json]
 """
 
@@ -115,9 +115,9 @@ def main() -> None:
     parser = BenchParser(
         __doc__, smoke={"requests": 6, "output_tokens": 8, "sweep": "2", "repeats": 1, "out": "/tmp/sglang-smoke.json"}
     )
-    parser.add_argument("--requests", type=int, default=48, help="requests per run")
-    parser.add_argument("--output-tokens", type=int, default=32, help="tokens of every answer (ignore_eos)")
-    parser.add_argument("--sweep", default="4,8,16,32", help="fixed concurrencies, both sides")
+    parser.add_argument("--requests", type=int, default=256, help="requests per run")
+    parser.add_argument("--output-tokens", type=int, default=128, help="tokens of every answer (ignore_eos)")
+    parser.add_argument("--sweep", default="8,16,32,64", help="fixed concurrencies, both sides")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0, help="seed of the run order")
     parser.add_argument("--out", default="/tmp/sglang_serving.json", help="raw results, JSON")
