@@ -165,6 +165,26 @@ def test_shards_generate_apart_and_merge_in_prompt_order(make_prompts, engine, t
     assert len(read_provenance(merged)["shards"]) == 3 and len(served(record)) == 40
 
 
+def test_a_shard_an_older_version_wrote_is_refused_and_made_again_from_its_journal(make_prompts, engine, tmp_path):
+    """A shard without a column added since (resumed_at) cannot be merged with newer ones: the merge
+    names it and the fix, and making it again from its journal sends nothing."""
+    import pyarrow.parquet as pq
+
+    prompts, model = make_prompts(conversations(6))
+    engine_config, record = engine()
+    shard = tmp_path / "s0.parquet"
+    run_generate(prompts, model, engine_config, tmp_path, out=shard)
+    sent = len(served(record))
+    old = pq.read_table(shard)
+    pq.write_table(old.drop_columns(["resumed_at"]).replace_schema_metadata(old.schema.metadata), shard)
+    with pytest.raises(RuntimeError, match=r"s0.parquet has no column resumed_at: .*snakemake --forcerun"):
+        merge_shards(prompts=prompts, shard_generations=[shard], generations=tmp_path / "merged.parquet")
+    run_generate(prompts, model, engine_config, tmp_path, out=shard)
+    assert len(served(record)) == sent
+    merge_shards(prompts=prompts, shard_generations=[shard], generations=tmp_path / "merged.parquet")
+    assert len(read_rows(tmp_path / "merged.parquet")) == len(read_rows(prompts))
+
+
 def builder_of(prompts, model):
     """The turn builder of a prompts table, for an external server (nothing is launched)."""
     return make_builder(

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from eagle3_datagen.generation.assemble import ASSEMBLE_COLUMNS, ShardRows, rows_of, sending_job
 from eagle3_datagen.generation.planning import journal_path, open_journal, shard_of, shard_rows
@@ -97,6 +98,13 @@ def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: P
         if p.get("shard", n) != n or p.get("shards", shards) != shards:
             raise RuntimeError(
                 f"{shard_generations[n]} holds shard {p.get('shard')} of {p.get('shards')}, not {n} of {shards}"
+            )
+    for path in shard_generations:
+        missing = [name for name in GENERATIONS_SCHEMA.names if name not in pq.read_schema(path).names]
+        if missing:  # written before these columns were: its journal re-makes it, sending nothing
+            raise RuntimeError(
+                f"{path} has no column {', '.join(missing)}: an older eagle3-datagen wrote it. Make it again "
+                f"from its journal, which holds every row (nothing is sent): snakemake --forcerun {path}"
             )
     held = sum(count_rows(path) for path in shard_generations)
     expected = sum(
