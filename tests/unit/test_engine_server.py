@@ -590,3 +590,27 @@ def test_scripted_long_answers_follow_the_token_wise_rules(tok):
         assert finishes >= {("stop", True), ("stop", False), ("length", False)}
 
     serve(scripted(answer_tokens=(100, 300)), fn)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "kimi_tiktoken"])
+def test_scripted_answers_end_their_turn_on_the_template_turn_end_not_on_another_eos(name, request):
+    """A request may stop on eos ids beside the turn end (Kimi-K2.5's [EOS], Qwen3's <|endoftext|>,
+    as model.eos_tokens sends them): the stand-in, as a chat model, ends its turns on the token the
+    chat template closes an assistant message with, whatever the order or value of the ids."""
+    from transformers import AutoTokenizer
+
+    from eagle3_datagen.engine.jobs import Job
+    from eagle3_datagen.engine.protocol import parse_generate_body
+    from eagle3_datagen.engine.script import AnswerScript
+
+    folder = request.getfixturevalue(f"{name}_dir" if name != "qwen3" else "qwen3_tokenizer_dir")
+    tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=name != "qwen3")
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    other = tok.convert_tokens_to_ids("[EOS]" if name != "qwen3" else "<|endoftext|>")
+    script = AnswerScript(tok, frozenset({tok.eos_token_id}), ramble_rate=0.0, tool_rate=0.0)
+    for i in range(8):
+        for stops in ([other, im_end], [im_end, other]):
+            item = parse_generate_body(
+                {"input_ids": [1, 2, 3 + i], "sampling_params": {"max_new_tokens": 64, "stop_token_ids": stops}}
+            )
+            assert script.plan(Job(item, max_new_tokens=64, on_done=lambda job: None))[-1] == im_end

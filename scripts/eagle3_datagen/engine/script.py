@@ -50,6 +50,7 @@ class AnswerScript:
         special = set(tok.all_special_ids) | set(self.eos_token_ids)
         self.filler_ids = sorted({t for w in self.word_ids for t in w} - special)
         self.word_cycle = [t for w in self.word_ids for t in w]
+        self.turn_end_id = _turn_end(tok)
 
     def rng(self, job: Job) -> random.Random:
         h = hashlib.sha256()
@@ -134,16 +135,36 @@ class AnswerScript:
         return False
 
     def _preferred_stop(self, job: Job, rng: random.Random) -> int | None:
-        """The id an answer ends on: its turn's end, as a chat model ends a turn — the tokenizer's eos
-        where the request stops on it (Qwen3's eos is its turn end <|im_end|>), else the request's
-        stop token (Kimi-K2.5 ends a turn with <|im_end|>; its eos is [EOS]). With `eos_rate`, an
-        answer ends on the model's eos instead where that differs, as a real answer sometimes does."""
+        """The id an answer ends on: its turn's end, as a chat model ends a turn — the token the chat
+        template closes an assistant message with (<|im_end|>) where the request stops on it, else the
+        tokenizer's eos where it does, else the request's lowest stop id. A request may stop on other
+        eos ids too (Kimi-K2.5's [EOS]): a chat model does not end its turns on them. With `eos_rate`,
+        an answer ends on the model's eos instead where that differs, as a real answer sometimes does."""
         requested = set(job.params.stop_token_ids)
         candidates = set(self.eos_token_ids) | requested
         if not candidates:
             return None
         eos = self.tokenizer.eos_token_id
-        turn_end = eos if eos in candidates and (eos in requested or not requested) else min(requested or candidates)
+        if self.turn_end_id in candidates and (self.turn_end_id in requested or not requested):
+            turn_end = self.turn_end_id
+        elif eos in candidates and (eos in requested or not requested):
+            turn_end = eos
+        else:
+            turn_end = min(requested or candidates)
         if self.eos_rate and eos in self.eos_token_ids and eos != turn_end and rng.random() < self.eos_rate:
             return eos
         return turn_end
+
+
+def _turn_end(tok: Any) -> int | None:
+    """The special token the chat template closes an assistant message with, or None."""
+    mark = "Zq7Xj"
+    try:
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": mark}], tokenize=False
+        )
+    except Exception:  # a template that takes no such conversation: the eos decides
+        return None
+    special = {i for i, t in tok.added_tokens_decoder.items() if t.special}
+    after = tok.encode(text[text.rfind(mark) + len(mark) :], add_special_tokens=False)
+    return next((i for i in after if i in special), None)
