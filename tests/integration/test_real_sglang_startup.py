@@ -7,12 +7,14 @@ The launch code runs in-process (`servers`, as the generate job calls it): a who
 nothing to what is proven here. The bounds are sized for a loaded 2-core machine, far below 600 s.
 """
 
+import json
 import os
 import signal
 import socket
 import sys
 import threading
 import time
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -233,3 +235,17 @@ def test_no_gpu_visible_is_refused_before_launching_but_a_cpu_server_is_not(tmp_
     cpu["sglang"]["extra_args"] += ["--no-such-flag"]
     message, _ = start_failure(cpu, demo_model_dir, log_path)
     assert "refused its command line" in message, message
+
+
+def test_a_host_in_extra_args_is_where_the_server_listens_and_the_job_reaches_it(tmp_path, demo_model_dir):
+    """`--host` copied from a model card: the server binds there (here a loopback address other than
+    127.0.0.1, where a job that looked at 127.0.0.1 would never find it), and the job reaches it there."""
+    engine = sglang_engine(demo_model_dir)
+    engine["sglang"]["extra_args"] += ["--host", "127.0.0.2"]
+    profile = ModelProfile.from_config(defaults("model", name="m", tokenizer=str(demo_model_dir), context_length=512))
+    with servers(engine, profile=profile, log_path=tmp_path / "server.log", key=None) as running:
+        url = running.urls[0]
+        assert url.startswith("http://127.0.0.2:"), url
+        with urllib.request.urlopen(f"{url}/model_info", timeout=30) as resp:
+            assert json.load(resp)["model_path"] == str(demo_model_dir)
+    assert not descendants(os.getpid())

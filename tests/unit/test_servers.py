@@ -5,12 +5,17 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
+from eagle3_datagen.engine_settings import EngineSettings
 from eagle3_datagen.generation.launch import local_engine_command, server_env, sglang_command
+from eagle3_datagen.generation.nodes import srun_command
 from eagle3_datagen.generation.redact import is_secret_name, redact, redact_command
-from eagle3_datagen.settings import defaults
+from eagle3_datagen.generation.servers import _managed_server, servers
+from eagle3_datagen.settings import ModelProfile, defaults
+from eagle3_datagen.steps.headline import job_usage
 from eagle3_datagen.workflow import check_engine, server_resources
 from polling import wait_until
 
@@ -122,7 +127,7 @@ def test_the_local_engine_takes_test_options_from_the_environment_only(monkeypat
 def test_gpus_follow_tensor_parallel_size_and_the_plan(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"to_send": 5}))
-    assert server_resources(SGLANG, plan)["gpu"] == 8
+    assert server_resources(SGLANG, plan)["gpu"] == 16  # tp_size 8 × --dp 2: two replicas of 8 GPUs
     assert (
         server_resources(defaults("engine", kind="local", local={"backend": "scripted", "gpus": 1}), plan)["gpu"] == 1
     )
@@ -199,3 +204,151 @@ def test_every_attempt_keeps_its_own_logs(tmp_path, caplog):
         assert "stopped normally" in stop_message(code, stopped_here=True)
     assert "ignored SIGTERM" in stop_message(-signal.SIGKILL, stopped_here=True, killed_here=True)
     assert "already exited by itself" in stop_message(1, stopped_here=False)
+
+
+def sglang_engine(tp_size=8, nodes=1, extra=()):
+    return defaults(
+        "engine",
+        kind="sglang",
+        sglang={"model_path": "/m", "tp_size": tp_size, "nodes": nodes, "extra_args": list(extra)},
+    )
+
+
+@pytest.mark.parametrize(
+    "tp_size, nodes, extra, per_node",
+    [
+        (8, 1, [], 8),
+        (8, 1, ["--dp", "2"], 16),
+        (8, 1, ["--dp-size=2"], 16),
+        (8, 1, ["--data-parallel-size", "3"], 24),
+        (4, 1, ["--pp-size", "2"], 8),
+        (4, 1, ["--pipeline-parallel-size=2", "--dp-size", "2"], 16),
+        (4, 1, ["--pipeline-parallel", "2"], 8),  # a prefix SGLang's parser takes
+        (8, 1, ["--dp-size", "8", "--enable-dp-attention"], 8),  # dp ranks share the tp GPUs
+        (8, 1, ["--dp", "2", "--dp", "4"], 32),  # the last one wins, as in argparse
+        (16, 2, [], 8),
+        (8, 2, ["--pp-size", "2"], 8),  # one stage on each node
+        (4, 4, ["--pp-size", "2"], 2),  # each stage on two nodes
+        (2, 2, ["--pp-size", "4"], 4),  # two stages on each node
+        (16, 2, ["--dp-size", "2", "--enable-dp-attention"], 8),
+    ],
+)
+def test_every_gpu_count_follows_tp_pp_and_dp_replicas_per_node(tmp_path, monkeypatch, tp_size, nodes, extra, per_node):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"to_send": 5}))
+    engine = sglang_engine(tp_size, nodes, extra)
+    settings = EngineSettings.from_config(engine)
+    assert settings.gpus == settings.server.gpus == per_node and settings.all_gpus == per_node * nodes
+    wanted = (
+        {"gpu": per_node, "gres": "", "nodes": 1}
+        if nodes == 1
+        else {"gpu": 0, "gres": f"gpu:{per_node}", "nodes": nodes}
+    )
+    assert server_resources(engine, plan) == wanted
+    shard = {"client": {"requests": 1}, "params": {"engine": engine}, "job": {"wall_s": 3600}}
+    assert job_usage(shard)["gpu_hours"] == per_node * nodes  # the headline's and provenance's GPU-hours
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    assert f"--gres=gpu:{per_node}" in srun_command(settings.server, "n2", cpus=1, cmd=["python"])  # another rank's
+
+
+@pytest.mark.parametrize(
+    "tp_size, nodes, extra, refused",
+    [
+        (8, 1, ["--tp", "4"], "--tp: the tensor-parallel size is engine.sglang.tp_size"),
+        (8, 1, ["--tp-size=8"], "--tp-size=8: the tensor-parallel size is engine.sglang.tp_size"),
+        (8, 1, ["--tensor-parallel-size", "8"], "engine.sglang.tp_size"),
+        (8, 1, ["--pp", "2"], "--pp is ambiguous to SGLang .*--pp-size.*write it whole"),
+        (8, 1, ["--dp-size", "two"], "--dp-size 'two' is not a positive whole number"),
+        (8, 1, ["--pipeline-parallel-size=0"], "--pp-size '0' is not a positive whole number"),
+        (16, 2, ["--dp", "2"], "data-parallel size 2 with engine.sglang.nodes 2: SGLang cannot place"),
+        (4, 3, ["--pp-size", "2"], "tp_size 4 × pipeline-parallel size 2 is not a multiple of engine.sglang.nodes 3"),
+        (2, 2, ["--pp-size", "3"], "pipeline-parallel size 3 cannot be laid out on engine.sglang.nodes 2"),
+    ],
+)
+def test_parallel_flags_that_would_miscount_the_gpus_are_refused(tp_size, nodes, extra, refused):
+    with pytest.raises(ValueError, match=refused):
+        check_engine(sglang_engine(tp_size, nodes, extra))
+    with pytest.raises(ValueError, match="engine.sglang"):
+        sglang_command(sglang_engine(tp_size, nodes, extra), port=1, context_length=10)
+
+
+def test_pp_neighbours_and_other_flags_are_not_counted():
+    settings = EngineSettings.from_config(
+        sglang_engine(8, 1, ["--pp-max-micro-batch-size", "4", "--pp-async-batch-depth=2", "--enable-metrics"])
+    )
+    assert settings.gpus == 8
+
+
+@pytest.mark.parametrize(
+    "extra, listens, reached",
+    [
+        ([], "127.0.0.1", "http://127.0.0.1:31234"),
+        (["--host", "0.0.0.0"], "0.0.0.0", "http://127.0.0.1:31234"),
+        (["--host="], "", "http://127.0.0.1:31234"),
+        (["--host", "::"], "::", "http://[::1]:31234"),
+        (["--host=10.1.2.3", "--enable-metrics"], "10.1.2.3", "http://10.1.2.3:31234"),
+        (["--host", "gpu01.cluster"], "gpu01.cluster", "http://gpu01.cluster:31234"),
+    ],
+)
+def test_the_server_listens_where_host_says_once_and_the_job_reaches_it_there(tmp_path, extra, listens, reached):
+    engine = sglang_engine(8, 1, extra)
+    cmd = sglang_command(engine, port=31234, context_length=10)
+    hosts = [i for i, arg in enumerate(cmd) if arg.split("=")[0] == "--host"]
+    assert len(hosts) == 1 and cmd[hosts[0] + 1] == listens
+    profile = ModelProfile.from_config(defaults("model", name="m", tokenizer="/t", context_length=10))
+    server = _managed_server(
+        EngineSettings.from_config(engine), profile, port=31234, log_path=tmp_path / "s.log", key=None, streaming=False
+    )
+    assert server.url == reached
+
+
+def test_ranks_on_other_nodes_keep_their_health_endpoint_on_localhost():
+    engine = sglang_engine(16, 2, ["--host", "10.1.2.3"])
+    rank = sglang_command(engine, port=5, context_length=10, host="127.0.0.1")
+    assert rank.count("--host") == 1 and rank[rank.index("--host") + 1] == "127.0.0.1"
+
+
+FAKE_SERVER = """
+import argparse, http.server, pathlib, socket, sys
+parser = argparse.ArgumentParser()
+parser.add_argument("--host", default="127.0.0.1")
+parser.add_argument("--port", type=int)
+args, _ = parser.parse_known_args()
+pathlib.Path(sys.argv[0]).with_name("argv").write_text(repr(sys.argv[1:]))
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+class Server(http.server.HTTPServer):
+    address_family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+
+Server((args.host, args.port), Health).serve_forever()
+"""
+
+
+@pytest.mark.parametrize("host, reached", [("0.0.0.0", "127.0.0.1"), ("127.0.0.2", "127.0.0.2")])
+def test_a_launched_server_is_reached_where_it_listens(tmp_path, host, reached):
+    """The job's real launch path (servers, ManagedServer, the watchdog) with a stand-in `sglang.launch_server`."""
+    package = tmp_path / "site" / "sglang"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "launch_server.py").write_text(FAKE_SERVER)
+    sglang = {
+        "python": sys.executable,
+        "model_path": "org/model",
+        "tp_size": 1,
+        "extra_args": ["--device", "cpu", "--host", host],
+        "env": {"PYTHONPATH": str(tmp_path / "site")},
+    }
+    engine = defaults("engine", kind="sglang", startup_timeout_s=120, sglang=sglang)
+    profile = ModelProfile.from_config(defaults("model", name="m", tokenizer="/t", context_length=10))
+    with servers(engine, profile=profile, log_path=tmp_path / "server.log", key=None) as running:
+        url = running.urls[0]
+        assert url.startswith(f"http://{reached}:")
+        with urllib.request.urlopen(f"{url}/health", timeout=30) as resp:
+            assert resp.status == 200
+    argv = (package / "argv").read_text()
+    assert argv.count("'--host'") == 1 and f"'--host', '{host}'" in argv

@@ -90,6 +90,9 @@ def test_enough_gpus_a_cpu_server_another_device_or_an_unknown_node_are_not_refu
     check_gpus(sglang(tp_size=16, nodes=2), {}, dev(8))  # 8 a node
     with pytest.raises(RuntimeError, match="needs 8 GPUs"):
         check_gpus(sglang(tp_size=16, nodes=2, extra=["--device", "cuda"]), {}, dev(4))
+    check_gpus(sglang(tp_size=4, extra=["--dp-size", "2"]), {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, dev(8))
+    with pytest.raises(RuntimeError, match=r"tp_size 4 × data-parallel size 2 needs 8 GPUs on this node.*sees 4"):
+        check_gpus(sglang(tp_size=4, extra=["--dp", "2"]), {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, dev(8))
     rocm = tmp_path / "rocm"
     rocm.mkdir()
     (rocm / "kfd").touch()

@@ -8,7 +8,7 @@ import os
 import shlex
 import sys
 
-from eagle3_datagen.engine_settings import EngineSettings
+from eagle3_datagen.engine_settings import EngineSettings, without_flag
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +25,13 @@ def sglang_command(
     context_length: int,
     api_key: str | None = None,
     incremental_streaming: bool = False,
+    host: str | None = None,
 ) -> list[str]:
-    """`python -m sglang.launch_server ...` from the config, bound to localhost on `port`."""
+    """`python -m sglang.launch_server ...` from the config, listening on `port` of `host` (the
+    server's: `--host` of extra_args, else localhost), which the command gives once."""
     settings = EngineSettings.of(engine)
     sglang = settings.server
-    extra = list(sglang.extra_args)
+    extra = without_flag(sglang.extra_args, "host")
     cmd = [
         sglang.python,
         "-m",
@@ -38,7 +40,7 @@ def sglang_command(
         sglang.model_path,
         "--tp-size",
         str(sglang.tp_size),
-        *_listening(port, context_length),
+        *_listening(port, context_length, sglang.host if host is None else host),
     ]
     if sglang.trust_remote_code:
         cmd.append("--trust-remote-code")
@@ -92,10 +94,10 @@ def server_env(extra) -> dict:
 LOCAL_ENGINE_ARGS_ENV = "EAGLE3_DATAGEN_ENGINE_ARGS"
 
 
-def _listening(port: int, context_length: int) -> list[str]:
-    """Where a launched server listens (localhost only, the job's free port) and its context: the
-    same flags for SGLang and the stand-in engine."""
-    return ["--host", "127.0.0.1", "--port", str(port), "--context-length", str(context_length)]
+def _listening(port: int, context_length: int, host: str = "127.0.0.1") -> list[str]:
+    """Where a launched server listens (localhost unless the config says otherwise, the job's free
+    port) and its context: the same flags for SGLang and the stand-in engine."""
+    return ["--host", host, "--port", str(port), "--context-length", str(context_length)]
 
 
 def local_engine_command(

@@ -303,8 +303,15 @@ def across_nodes(engine: EngineSettings, *, port: int, profile, log_path: Path, 
         where = layout(sglang)
     except RuntimeError as exc:
         raise ServerError(f"the SGLang server was not started: {exc}") from None
+    # Only rank 0 serves: the others' own health endpoint stays on their localhost (an address of
+    # the head node given as --host is none of theirs).
     cmd = sglang_command(
-        engine, port=port, context_length=profile.context_length, api_key=key, incremental_streaming=streaming
+        engine,
+        port=port,
+        context_length=profile.context_length,
+        api_key=key,
+        incremental_streaming=streaming,
+        host="127.0.0.1",
     )
     env = rank_env(server_env(sglang.env))
     stem = log_path.name.removesuffix(".server.log").removesuffix(".log")

@@ -89,10 +89,12 @@ class ManagedServer:
     label: str = "the server"
     watch: Callable[[], str | None] | None = None  # while it starts: the cause of a failure elsewhere (a rank)
     port_note: str = ""  # what the message adds when the port is taken (a retry's history)
+    host: str = "127.0.0.1"  # where this job reaches it
     proc: subprocess.Popen | None = field(default=None, init=False)
 
     def __post_init__(self):
-        self.url, self.log_path = f"http://127.0.0.1:{self.port}", Path(self.log_path)
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address in a URL
+        self.url, self.log_path = f"http://{host}:{self.port}", Path(self.log_path)
 
     def start(self) -> str:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -283,6 +285,7 @@ def _managed_server(
         describe=lambda code, tail: cause(code, tail, python=sglang.python, model_path=sglang.model_path),
         label="the SGLang server" + (" (rank 0)" if rank_args else ""),
         watch=watch,
+        host=sglang.client_host,
     )
 
 

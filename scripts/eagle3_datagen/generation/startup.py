@@ -14,7 +14,7 @@ from contextlib import suppress
 from itertools import takewhile
 from pathlib import Path
 
-from eagle3_datagen.engine_settings import SGLangServer
+from eagle3_datagen.engine_settings import SGLangServer, flag_value
 
 
 class ServerError(RuntimeError):
@@ -36,17 +36,6 @@ def log_tail(path: Path, lines: int = 30, width: int = 400) -> str:
 
 # SLURM's record of the GPUs it gave a job, shown when the job sees fewer than it needs.
 SLURM_GPU_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_JOB_GRES")
-
-
-def flag_value(args: list[str], flag: str) -> str | None:
-    """The value a command line gives `flag` (`--flag V` or `--flag=V`; the last one wins, as argparse)."""
-    value = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def user_port(extra_args: list[str]) -> int | None:
@@ -92,7 +81,7 @@ def check_gpus(sglang: SGLangServer, environ=os.environ, dev: Path = Path("/dev"
     device = flag_value(list(sglang.extra_args), "--device")
     if device not in (None, "cuda"):
         return
-    needed = sglang.gpus  # on this node: the tensor-parallel size, shared by the server's nodes
+    needed = sglang.gpus  # on this node
     seen, where = visible_gpus(environ, dev)
     if seen is None or seen >= needed:
         return
@@ -106,7 +95,7 @@ def check_gpus(sglang: SGLangServer, environ=os.environ, dev: Path = Path("/dev"
     else:
         asked = "it is not a SLURM job"
     raise RuntimeError(
-        f"engine.sglang.tp_size {sglang.tp_size} needs {needed} GPU{'s' * (needed != 1)} on this node, but this "
+        f"{sglang.parallel_sizes} needs {needed} GPU{'s' * (needed != 1)} on this node, but this "
         f"job sees {seen} ({where}); {asked}. Run it on a GPU node with that many GPUs (the cluster profile's "
         "generate resources), or, for a CPU server, pass --device cpu in engine.sglang.extra_args"
     )

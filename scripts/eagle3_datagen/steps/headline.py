@@ -73,7 +73,7 @@ def job_usage(provenance: dict) -> dict:
             continue  # nothing sent: no server was started (rule generate_cached), no GPU held
         elapsed_h = float(shard["job"]["wall_s"]) / 3600
         job_h += elapsed_h
-        gpu_h += elapsed_h * (settings.gpus * settings.nodes if settings else 0)
+        gpu_h += elapsed_h * (settings.all_gpus if settings else 0)
     return {"job_hours": job_h, "gpu_hours": gpu_h, "engines": sorted(kinds)}
 
 

@@ -109,7 +109,7 @@ def pilot_generate(
         "budget": budget,
         "client": provenance.get("client"),
         "engine_kind": server.kind,
-        "server_gpus": server.gpus * server.nodes,
+        "server_gpus": server.all_gpus,
         "journal": str(journal.path),
         "journal_bytes": journal.path.stat().st_size if journal.path.exists() else 0,
         "job": job_facts(),
