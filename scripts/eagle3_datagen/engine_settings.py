@@ -15,15 +15,18 @@ REFUSED_SGLANG_FLAGS = ("--reasoning-parser", "--tool-call-parser", "--allow-aut
 NODE_FLAGS = ("--nnodes", "--node-rank", "--dist-init-addr", "--dist-timeout")
 
 
-# The flags of `extra_args` the job reads, by what they set, in SGLang 0.5.23's spellings
+# The flags of `extra_args` the job reads or refuses, by what they set, in SGLang 0.5.23's spellings
 # (srt/arg_groups/fields/parallel.py: tp_size, pp_size, dp_size and their aliases; server_args.py:
 # host). Its parser takes any unambiguous prefix of a flag (argparse's allow_abbrev): `--tp` is
-# `--tp-size`, `--dp` `--dp-size`, while `--pp` could also be either neighbour below, which it refuses.
+# `--tp-size`, `--dp` `--dp-size`, `--reasoning-pars` `--reasoning-parser`, while `--pp` could also be
+# either neighbour below, which it refuses.
 READ_FLAGS = {
     "tp": ("--tp-size", "--tensor-parallel-size"),
     "pp": ("--pp-size", "--pipeline-parallel-size"),
     "dp": ("--dp-size", "--data-parallel-size"),
     "host": ("--host",),
+    "refused": REFUSED_SGLANG_FLAGS,
+    "node": NODE_FLAGS,
     None: ("--pp-max-micro-batch-size", "--pp-async-batch-depth"),
 }
 # With it, SGLang's --dp-size counts attention groups inside the tensor-parallel GPUs, not replicas
@@ -84,23 +87,22 @@ def size_flag(args, flag: str) -> int:
 
 def check_extra_args(args) -> None:
     """Refuse launch arguments that would reshape or cut the generated data, or that the job sets itself."""
-    for flags, why in (
-        (REFUSED_SGLANG_FLAGS, " would reshape or cut the generated data; remove it"),
+    for key, why in (
+        ("refused", " would reshape or cut the generated data; remove it"),
         (
-            NODE_FLAGS,
+            "node",
             ": the job sets these for each rank; give the number of nodes as engine.sglang.nodes "
             "(and engine.sglang.dist_timeout_s)",
         ),
+        (
+            "tp",
+            ": the tensor-parallel size is engine.sglang.tp_size (the job passes it and counts its GPUs "
+            "from it); set it there and remove it here",
+        ),
     ):
-        found = [a for a in args if str(a).split("=", 1)[0] in flags]
+        found = [str(a) for a in args if read_flag(a) == key]
         if found:
             raise ValueError(f"engine.sglang.extra_args: {', '.join(found)}{why}")
-    found = [str(a) for a in args if read_flag(a) == "tp"]
-    if found:
-        raise ValueError(
-            f"engine.sglang.extra_args: {', '.join(found)}: the tensor-parallel size is engine.sglang.tp_size "
-            "(the job passes it and counts its GPUs from it); set it there and remove it here"
-        )
     for flag in ("pp", "dp"):
         size_flag(args, flag)
 

@@ -120,6 +120,8 @@ def test_a_job_asks_for_the_nodes_and_the_gpus_of_each(tmp_path):
 def test_node_flags_in_extra_args_and_uneven_nodes_are_refused():
     with pytest.raises(ValueError, match="--nnodes: the job sets these for each rank; give .* engine.sglang.nodes"):
         engine(nodes=1, extra_args=["--nnodes", "2"])
+    with pytest.raises(ValueError, match="--node-r=1: the job sets these"):  # a prefix SGLang takes
+        engine(nodes=1, extra_args=["--node-r=1"])
     with pytest.raises(ValueError, match="tp_size 16 is not a multiple of engine.sglang.nodes 3"):
         engine(nodes=3)
 

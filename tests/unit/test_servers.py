@@ -65,7 +65,9 @@ def test_server_env_puts_the_config_on_top_of_the_jobs_environment_and_logs_only
 
 
 @pytest.mark.parametrize(
-    "flag", ["--reasoning-parser", "--tool-call-parser=kimi_k2", "--allow-auto-truncate", "--skip-tokenizer-init"]
+    "flag",
+    ["--reasoning-parser", "--tool-call-parser=kimi_k2", "--allow-auto-truncate", "--skip-tokenizer-init"]
+    + ["--reasoning-pars", "--tool-call=kimi_k2", "--allow-auto"],  # prefixes SGLang takes for them
 )
 def test_flags_that_corrupt_data_are_refused(flag):
     engine = json.loads(json.dumps(SGLANG))
