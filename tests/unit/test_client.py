@@ -2,7 +2,10 @@
 
 import asyncio
 import json
+import logging
 import random
+import re
+from collections import Counter
 
 import aiohttp
 import orjson
@@ -15,6 +18,7 @@ from eagle3_datagen.engine.server import Faults
 from eagle3_datagen.generation.answers import FinalError, RetryableError, error_text, ids_are_plain, parse_response
 from eagle3_datagen.generation.client import GenerateClient
 from eagle3_datagen.generation.journal import Journal
+from eagle3_datagen.generation.pacing import Progress, retry_kind
 from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.generation.server_info import check_server_info
 from eagle3_datagen.settings import ClientSettings
@@ -128,21 +132,50 @@ def test_ok_rows_hold_exactly_the_served_output_ids(backend, tokenizer, tmp_path
         assert engine["sampling_params"]["max_new_tokens"] == req.max_new_tokens
 
 
-def test_transient_faults_are_retried_until_every_row_is_ok(backend, tokenizer, tmp_path):
+def test_transient_faults_are_retried_until_every_row_is_ok(backend, tokenizer, tmp_path, caplog):
     reqs = requests_for(tokenizer, 40)
     faults = Faults(error_rate=0.2, reset_rate=0.1, seed=3)
-    results = run_against(
-        backend,
-        tokenizer,
-        reqs,
-        faults=faults,
-        record=tmp_path / "rec.jsonl",
-        settings=ClientSettings.from_config(concurrency=8, max_retries=10, **FAST),
-    )
+    with caplog.at_level(logging.INFO, logger="eagle3_datagen.generation.client"):
+        results = run_against(
+            backend,
+            tokenizer,
+            reqs,
+            faults=faults,
+            record=tmp_path / "rec.jsonl",
+            settings=ClientSettings.from_config(concurrency=8, max_retries=10, **FAST),
+        )
     assert all(r["status"] == "ok" for r in results.values())
-    assert sum(r["attempts"] for r in results.values()) > len(reqs)  # some were retried
+    retries = sum(r["attempts"] - 1 for r in results.values())
+    assert retries > 0  # some were retried
+    # Why, at INFO: the first few retries of each kind with their row and attempt, then counts by kind.
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "; retrying in" in r.message]
+    kinds = Counter(retry_kind(line.split(": ", 2)[2]) for line in said)
+    assert set(kinds) <= {"HTTP 500", "HTTP 503", "connection error"} and set(kinds)
+    assert all(n <= Progress.RETRIES_LOGGED for n in kinds.values()) and len(said) < retries
+    assert all(re.search(r": q\.\d+\.0 attempt \d+: ", line) for line in said)
+    last = [r.getMessage() for r in caplog.records if "rows (" in r.getMessage()][-1]
+    counts = dict((kind, int(n)) for n, kind in re.findall(r"(\d+) (HTTP \d+|connection error)", last))
+    assert f"{retries} retries: " in last and sum(counts.values()) == retries and set(counts) >= set(kinds)
     rids = [r["rid"] for r in read_record(tmp_path / "rec.jsonl")]
     assert len(rids) == len(set(rids))  # a fresh rid per attempt
+
+
+def test_retries_are_said_at_info_a_few_of_each_kind_then_counted(caplog):
+    progress = Progress(total=10, interval_s=60, label="cat")
+    with caplog.at_level(logging.INFO, logger="eagle3_datagen.generation.client"):
+        for attempt in range(1, 11):
+            progress.retried(f"row{attempt}", attempt, f"timed out after {attempt} s", 0.5)
+        progress.retried("row", 1, "no chunk for 61 s", 0.5)
+        progress.log()
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert lines[:4] == [
+        "cat: row1 attempt 1: timed out after 1 s; retrying in 0.5 s",
+        "cat: row2 attempt 2: timed out after 2 s; retrying in 0.5 s",
+        "cat: row3 attempt 3: timed out after 3 s; retrying in 0.5 s "
+        "(further retries of this kind are counted on the progress line)",
+        "cat: row attempt 1: no chunk for 61 s; retrying in 0.5 s",
+    ]
+    assert len(lines) == 5 and "(0 failed, 11 retries: 10 timed out, 1 no chunk)" in lines[4]
 
 
 @pytest.mark.parametrize("concurrency", [1, 2])

@@ -205,10 +205,11 @@ class GenerateClient:
                         raise ServerDied(f"the server died during the run (last error: {exc})") from None
                     if attempt > self.settings.max_retries:
                         break
-                    if progress is not None:
-                        progress.retries += 1
                     delay = self.backoff(attempt)
-                    log.debug("%s attempt %d: %s; retrying in %.1f s", req.label, attempt, exc, delay)
+                    if progress is not None:
+                        progress.retried(req.label, attempt, last_error, delay)
+                    else:
+                        log.debug("%s attempt %d: %s; retrying in %.1f s", req.label, attempt, exc, delay)
                     await asyncio.sleep(delay)
         finally:
             release()

@@ -5,20 +5,36 @@ the package.
 
 import asyncio
 import logging
+import re
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 
 # The progress line is the client's line in a job's log: it keeps the client's logger name.
 log = logging.getLogger("eagle3_datagen.generation.client")
 
 
+def retry_kind(reason: str) -> str:
+    """A retry reason's kind: its words before the first colon or number ("timed out", "no chunk",
+    "stream cut short", "connection error"), an HTTP error's status kept ("HTTP 503")."""
+    head = reason.split(":", 1)[0]
+    if not head.startswith("HTTP"):
+        head = re.sub(r"\s*(\b(after|for))?\s*\d.*", "", head)
+    return head.strip() or reason[:40]
+
+
 class Progress:
-    """A periodic progress line: done/total, requests/s, tokens/s, ETA."""
+    """A periodic progress line: done/total, requests/s, tokens/s, ETA, and the retries by kind."""
+
+    # Why requests are retried, in the job's log at INFO: the first few retries of each kind of reason
+    # with their row, attempt and whole reason (a storm of one kind stays a few lines, a new kind is
+    # still seen at once), and from then on the count per kind on each progress line.
+    RETRIES_LOGGED = 3
 
     def __init__(self, total: int, interval_s: float, label: str):
         self.total, self.interval_s, self.label = total, interval_s, label
         self.done = self.failed = self.retries = self.tokens = 0
+        self.retry_kinds: Counter[str] = Counter()
         self.started = self._last = time.monotonic()
         self.note: Callable[[], str] | None = None  # more to say on each line
 
@@ -31,6 +47,23 @@ class Progress:
             self._last = now
             self.log()
 
+    def retried(self, row: str, attempt: int, reason: str, delay_s: float) -> None:
+        """Count a retry of `row` after its `attempt` failed for `reason`; log it while its kind is new."""
+        self.retries += 1
+        kind = retry_kind(reason)
+        self.retry_kinds[kind] += 1
+        if self.retry_kinds[kind] <= self.RETRIES_LOGGED:
+            more = " (further retries of this kind are counted on the progress line)"
+            log.info(
+                "%s: %s attempt %d: %s; retrying in %.1f s%s",
+                self.label,
+                row,
+                attempt,
+                reason,
+                delay_s,
+                more if self.retry_kinds[kind] == self.RETRIES_LOGGED else "",
+            )
+
     def rates(self) -> tuple[float, float]:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         return self.done / elapsed, self.tokens / elapsed
@@ -38,13 +71,15 @@ class Progress:
     def log(self) -> None:
         rps, tps = self.rates()
         eta = f"{(self.total - self.done) / rps:.0f} s" if rps > 0 else "-"
+        kinds = ", ".join(f"{n} {kind}" for kind, n in self.retry_kinds.most_common())
         log.info(
-            "%s: %d/%d rows (%d failed, %d retries) | %.2f req/s | %.0f tok/s | ETA %s%s",
+            "%s: %d/%d rows (%d failed, %d retries%s) | %.2f req/s | %.0f tok/s | ETA %s%s",
             self.label,
             self.done,
             self.total,
             self.failed,
             self.retries,
+            f": {kinds}" if kinds else "",
             rps,
             tps,
             eta,
