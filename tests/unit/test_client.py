@@ -497,7 +497,7 @@ def test_a_timeout_is_a_retryable_error_but_a_stop_stays_a_stop():
                 await client._post(req, 1)
             task = asyncio.ensure_future(client._post(req, 2))
             await sent(client)
-            client._deadlines._expired.add(task)  # the watchdog's cancellation ...
+            client._deadlines._expired[task] = "timed out after 0 s"  # the watchdog's cancellation ...
             task.cancel()
             task.cancel()  # ... and a stop at the same moment
             outcome = (await asyncio.gather(task, return_exceptions=True))[0]

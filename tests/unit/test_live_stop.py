@@ -6,6 +6,8 @@ streams as SGLang 0.5.23 does with --incremental-streaming-output (tokenizer_man
 import asyncio
 import logging
 import random
+import time
+from contextlib import suppress
 
 import orjson
 import pytest
@@ -47,13 +49,20 @@ def looping(rng: random.Random, onset: int, period: int, budget: int) -> list[in
 class FakeSGLang:
     """Answers each rid's planned ids (by row id), streamed incrementally or whole; counts the tokens
     it generated and the aborts it was sent. `late`: delta chunks still sent after an abort arrives;
-    `coalesce`: those are joined into the abort's chunk, as a backlog of queued chunks is."""
+    `coalesce`: those are joined into the abort's chunk, as a backlog of queued chunks is; `pace_s`: the
+    time between chunks. A continuation (the prompt and ids received) is answered with the plan's rest;
+    the faults ending in `_once` hit a row's first request only (`stall_once`: no chunk after half of
+    the answer until the row's continuation comes)."""
 
-    def __init__(self, plans: dict, *, late: int = 0, coalesce: bool = False, faults: dict | None = None):
+    def __init__(self, plans: dict, *, late=0, coalesce=False, faults: dict | None = None, pace_s=0.0):
         self.plans = plans
         self.late = late
         self.coalesce = coalesce
         self.faults = faults or {}
+        self.pace_s = pace_s
+        self.arrived: dict[str, float] = {}  # rid: its time.monotonic() of arrival
+        self.stalled: dict[str, float] = {}  # row: when its stall began
+        self.resumed = asyncio.Event()
         self.generated: dict[str, int] = {}
         self.aborts: list[str] = []
         self.aborted: dict[str, asyncio.Event] = {}
@@ -82,8 +91,13 @@ class FakeSGLang:
         self.bodies.append(body)
         rid, row = body["rid"], body["rid"].split(".")[0]
         budget = body["sampling_params"]["max_new_tokens"]
-        ids = self.plans[row][:budget]
+        came = len(body["input_ids"]) - len(PROMPT)
+        ids = self.plans[row][came : came + budget]
         fault = self.faults.get(row)
+        if came:
+            self.resumed.set()
+            fault = None if fault and fault.endswith("_once") else fault
+        self.arrived[rid] = time.monotonic()
         if fault == "http400":
             return web.json_response({"error": {"message": "bad input"}}, status=400)
         meta = {"id": rid, "finish_reason": self.finish(ids, budget), "completion_tokens": len(ids), **META}
@@ -92,9 +106,10 @@ class FakeSGLang:
             return web.json_response({"text": text_of(ids), "output_ids": ids, "meta_info": meta})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        if await self.stream(resp, rid, row, ids, body["sampling_params"]["stream_interval"], meta, fault):
-            await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        with suppress(ConnectionError):  # a stalled stream's client has gone
+            if await self.stream(resp, rid, row, ids, body["sampling_params"]["stream_interval"], meta, fault):
+                await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
         return resp
 
     async def stream(self, resp, rid, row, ids, interval, meta, fault) -> None:
@@ -106,8 +121,12 @@ class FakeSGLang:
             chunk = {"text": text_of(ids[sent:end]), "output_ids": ids[sent:end], "meta_info": {"id": rid}}
             if end == len(ids):
                 chunk["meta_info"] = meta
-            if fault == "cut" and end > len(ids) // 2:
+            if fault in ("cut", "cut_once") and end > len(ids) // 2:
                 return False  # the stream ends with no last chunk
+            if fault == "stall_once" and end > len(ids) // 2:
+                self.stalled[row] = time.monotonic()
+                await self.resumed.wait()
+                return False
             if fault == "error" and end > len(ids) // 2:
                 await resp.write(b"data: " + orjson.dumps({"error": {"message": "boom", "code": 400}}) + b"\n\n")
                 return True
@@ -126,6 +145,7 @@ class FakeSGLang:
                 try:
                     await asyncio.wait_for(aborted.wait(), 5.0 if find_loop(ids[:sent], LOOP.live()) else 0.001)
                 except TimeoutError:
+                    await asyncio.sleep(self.pace_s)
                     continue
                 late = self.late - 1 if self.late else -1
                 if late < 0:
@@ -146,17 +166,20 @@ def text_of(ids):
     return "".join(f"<{i}>" for i in ids)
 
 
+PROMPT = [1, 2, 3]
+
+
 def request(row: str, budget: int) -> Request:
-    return Request(id=row, sample_index=0, prompt_ids=[1, 2, 3], max_new_tokens=budget, seed=1, fingerprint=row)
+    return Request(id=row, sample_index=0, prompt_ids=PROMPT, max_new_tokens=budget, seed=1, fingerprint=row)
 
 
-def run(server: FakeSGLang, requests, live: LiveStop | None = LIVE) -> dict:
+def run(server: FakeSGLang, requests, live: LiveStop | None = LIVE, **settings) -> dict:
     async def main():
         async with TestServer(server.app(), host="127.0.0.1") as srv:
             client = GenerateClient(
                 [str(srv.make_url("")).rstrip("/")],
                 RequestTemplate(sampling={"temperature": 1.0}, stop_token_ids=[STOP], vocab_size=VOCAB),
-                ClientSettings.from_config(concurrency=4, **FAST),
+                ClientSettings.from_config(concurrency=4, **{**FAST, **settings}),
                 rng=random.Random(0),
                 live=live,
             )

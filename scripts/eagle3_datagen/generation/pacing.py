@@ -129,39 +129,57 @@ class Slots:
 
 class Deadlines:
     """Request timeouts kept by one watchdog task instead of a timer per request (which costs more on uvloop
-    than the rest of a request's bookkeeping); `expired` tells its cancellations from any other."""
+    than the rest of a request's bookkeeping); `expired` tells its cancellations from any other, and why.
+
+    A streamed request (`stream`: an object whose `seen` is the `time.monotonic()` of its last chunk) is
+    cut only once its deadline has passed AND nothing came for `idle_s`: a slow answer that is still
+    arriving runs on. Each chunk costs its reader one float stored; the watchdog reads it only for a
+    request past its deadline, and pushes that deadline to `seen + idle_s`."""
 
     TICK_SHARE = 0.05
 
     def __init__(self):
-        self._deadlines: dict[asyncio.Task, float] = {}
-        self._expired: set[asyncio.Task] = set()
+        self._deadlines: dict[asyncio.Task, list] = {}  # task: [deadline, timeout_s, stream or None, idle_s, pushed]
+        self._expired: dict[asyncio.Task, str] = {}
         self._tick = 1.0
         self._watchdog: asyncio.Task | None = None
 
-    def watch(self, task: asyncio.Task, timeout_s: float) -> None:
+    def watch(self, task: asyncio.Task, timeout_s: float, stream=None, idle_s: float = 0.0) -> None:
         loop = asyncio.get_running_loop()
-        self._deadlines[task] = loop.time() + timeout_s
-        self._tick = min(self._tick, max(timeout_s * self.TICK_SHARE, 0.001))
+        if stream is not None:
+            stream.seen = time.monotonic()  # the send counts as a chunk: nothing came for 0 s
+        self._deadlines[task] = [loop.time() + timeout_s, timeout_s, stream, idle_s, False]
+        self._tick = min(self._tick, max(min(timeout_s, idle_s or timeout_s) * self.TICK_SHARE, 0.001))
         if self._watchdog is None or self._watchdog.done():
             self._watchdog = loop.create_task(self._watch())
 
     def forget(self, task: asyncio.Task) -> None:
         self._deadlines.pop(task, None)
-        self._expired.discard(task)
+        self._expired.pop(task, None)
 
-    def expired(self, task: asyncio.Task) -> bool:
-        return task in self._expired
+    def expired(self, task: asyncio.Task) -> str | None:
+        """Why the watchdog cancelled `task` ("timed out after N s", "no chunk for N s"), or None."""
+        return self._expired.get(task)
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
         while self._deadlines:
             await asyncio.sleep(self._tick)
             now = loop.time()
-            for task, deadline in list(self._deadlines.items()):
-                if now >= deadline and task not in self._expired:
-                    self._expired.add(task)
-                    task.cancel()
+            for task, entry in list(self._deadlines.items()):
+                if now < entry[0] or task in self._expired:
+                    continue
+                _, timeout_s, stream, idle_s, pushed = entry
+                reason = f"timed out after {timeout_s:.0f} s"
+                if stream is not None:
+                    quiet = time.monotonic() - stream.seen
+                    if quiet < idle_s:  # still arriving
+                        entry[0], entry[4] = now + idle_s - quiet, True
+                        continue
+                    if pushed:
+                        reason = f"no chunk for {quiet:.0f} s"
+                self._expired[task] = reason
+                task.cancel()
 
     def close(self) -> None:
         if self._watchdog is not None:

@@ -8,6 +8,7 @@ that count are taken, so a row stopped as a loop holds exactly the tokens genera
 
 import logging
 from dataclasses import dataclass
+from time import monotonic
 
 import aiohttp
 import orjson
@@ -75,6 +76,7 @@ class StreamedAnswer:
         self.loop: Loop | None = None  # the loop found, once the abort is sent
         self.last: dict | None = None  # the chunk with a finish_reason
         self.done = False
+        self.seen = 0.0  # when the last bytes came (time.monotonic): `pacing.Deadlines` reads it
         # Where each continuation began (`resume`): the ids before it came from earlier attempts.
         self.resumed_at: list[int] = []
         self._piece_start = 0
@@ -209,6 +211,7 @@ async def read_stream(resp: aiohttp.ClientResponse, answer: StreamedAnswer, abor
     """Read a streamed answer to its end (each event parsed once); on a loop, `await abort()` and read on."""
     buf, start = bytearray(), 0
     async for data in resp.content.iter_any():
+        answer.seen = monotonic()  # an idle timeout's whole cost per read
         buf += data
         events, consumed = _events(buf, start)
         if consumed:
