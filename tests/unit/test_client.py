@@ -5,6 +5,7 @@ import json
 import logging
 import random
 import re
+import time
 from collections import Counter
 
 import aiohttp
@@ -18,7 +19,7 @@ from eagle3_datagen.engine.server import Faults
 from eagle3_datagen.generation.answers import FinalError, RetryableError, error_text, ids_are_plain, parse_response
 from eagle3_datagen.generation.client import GenerateClient
 from eagle3_datagen.generation.journal import Journal
-from eagle3_datagen.generation.pacing import Progress, retry_kind
+from eagle3_datagen.generation.pacing import Deadlines, Progress, retry_kind
 from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.generation.server_info import check_server_info
 from eagle3_datagen.settings import ClientSettings
@@ -511,3 +512,31 @@ def test_a_timeout_is_a_retryable_error_but_a_stop_stays_a_stop():
             await client.close()
 
     asyncio.run(main())
+
+
+def test_a_stream_is_cut_past_its_timeout_only_once_no_chunk_came_for_the_floor_and_says_which():
+    class Stream:
+        seen = 0.0
+
+    async def main():
+        deadlines = Deadlines()
+        silent, busy, plain = Stream(), Stream(), asyncio.create_task(asyncio.sleep(60))
+        tasks = [asyncio.create_task(asyncio.sleep(60)) for _ in range(2)]
+        deadlines.watch(tasks[0], 1.0, silent, 1.0)
+        deadlines.watch(tasks[1], 1.0, busy, 1.0)
+        deadlines.watch(plain, 1.0)
+        started = time.monotonic()
+        while not (tasks[0].done() and plain.done()) or time.monotonic() - started < 3.0:
+            busy.seen = time.monotonic()  # a chunk every 10 ms, well past the timeout
+            await asyncio.sleep(0.01)
+        assert not tasks[1].done()
+        stalled = time.monotonic()
+        await asyncio.gather(tasks[1], return_exceptions=True)
+        assert time.monotonic() - stalled >= 1.0
+        reasons = [deadlines.expired(t) for t in (*tasks, plain)]
+        deadlines.close()
+        return reasons
+
+    silent, busy, plain = asyncio.run(main())
+    assert silent == plain == "timed out after 1 s"
+    assert re.fullmatch(r"no chunk for \d+ s", busy)  # 1 s, or later on a loaded machine

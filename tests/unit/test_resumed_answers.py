@@ -8,6 +8,7 @@ import asyncio
 import importlib.util
 import logging
 import random
+import re
 from pathlib import Path
 
 import orjson
@@ -107,8 +108,8 @@ def test_a_stream_that_stalls_past_its_timeout_is_cut_after_the_floor_and_resume
     assert 1000 - 8 < at <= 1000
     first, second = sorted(server.arrived.values())
     assert server.stalled["long"] - first > 1.0  # the stall began after the timeout had passed
-    assert 1.0 <= second - server.stalled["long"] < 30.0  # cut after about the floor, then resumed
-    assert "long.0 attempt 1: no chunk for 1 s" in caplog.text
+    assert 0.9 < second - server.stalled["long"] < 30.0  # cut after about the floor, then resumed
+    assert re.search(r"long\.0 attempt 1: no chunk for \d+ s", caplog.text)
 
 
 def test_without_resume_a_cut_stream_is_generated_again_from_its_start(tmp_path):
