@@ -2,7 +2,11 @@
 
 import asyncio
 import json
+import logging
 import random
+import re
+import time
+from collections import Counter
 
 import aiohttp
 import orjson
@@ -15,6 +19,7 @@ from eagle3_datagen.engine.server import Faults
 from eagle3_datagen.generation.answers import FinalError, RetryableError, error_text, ids_are_plain, parse_response
 from eagle3_datagen.generation.client import GenerateClient
 from eagle3_datagen.generation.journal import Journal
+from eagle3_datagen.generation.pacing import Deadlines, Progress, retry_kind
 from eagle3_datagen.generation.requests import Request, RequestTemplate
 from eagle3_datagen.generation.server_info import check_server_info
 from eagle3_datagen.settings import ClientSettings
@@ -128,21 +133,50 @@ def test_ok_rows_hold_exactly_the_served_output_ids(backend, tokenizer, tmp_path
         assert engine["sampling_params"]["max_new_tokens"] == req.max_new_tokens
 
 
-def test_transient_faults_are_retried_until_every_row_is_ok(backend, tokenizer, tmp_path):
+def test_transient_faults_are_retried_until_every_row_is_ok(backend, tokenizer, tmp_path, caplog):
     reqs = requests_for(tokenizer, 40)
     faults = Faults(error_rate=0.2, reset_rate=0.1, seed=3)
-    results = run_against(
-        backend,
-        tokenizer,
-        reqs,
-        faults=faults,
-        record=tmp_path / "rec.jsonl",
-        settings=ClientSettings.from_config(concurrency=8, max_retries=10, **FAST),
-    )
+    with caplog.at_level(logging.INFO, logger="eagle3_datagen.generation.client"):
+        results = run_against(
+            backend,
+            tokenizer,
+            reqs,
+            faults=faults,
+            record=tmp_path / "rec.jsonl",
+            settings=ClientSettings.from_config(concurrency=8, max_retries=10, **FAST),
+        )
     assert all(r["status"] == "ok" for r in results.values())
-    assert sum(r["attempts"] for r in results.values()) > len(reqs)  # some were retried
+    retries = sum(r["attempts"] - 1 for r in results.values())
+    assert retries > 0  # some were retried
+    # Why, at INFO: the first few retries of each kind with their row and attempt, then counts by kind.
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and "; retrying in" in r.message]
+    kinds = Counter(retry_kind(line.split(": ", 2)[2]) for line in said)
+    assert set(kinds) <= {"HTTP 500", "HTTP 503", "connection error"} and set(kinds)
+    assert all(n <= Progress.RETRIES_LOGGED for n in kinds.values()) and len(said) < retries
+    assert all(re.search(r": q\.\d+\.0 attempt \d+: ", line) for line in said)
+    last = [r.getMessage() for r in caplog.records if "rows (" in r.getMessage()][-1]
+    counts = dict((kind, int(n)) for n, kind in re.findall(r"(\d+) (HTTP \d+|connection error)", last))
+    assert f"{retries} retries: " in last and sum(counts.values()) == retries and set(counts) >= set(kinds)
     rids = [r["rid"] for r in read_record(tmp_path / "rec.jsonl")]
     assert len(rids) == len(set(rids))  # a fresh rid per attempt
+
+
+def test_retries_are_said_at_info_a_few_of_each_kind_then_counted(caplog):
+    progress = Progress(total=10, interval_s=60, label="cat")
+    with caplog.at_level(logging.INFO, logger="eagle3_datagen.generation.client"):
+        for attempt in range(1, 11):
+            progress.retried(f"row{attempt}", attempt, f"timed out after {attempt} s", 0.5)
+        progress.retried("row", 1, "no chunk for 61 s", 0.5)
+        progress.log()
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert lines[:4] == [
+        "cat: row1 attempt 1: timed out after 1 s; retrying in 0.5 s",
+        "cat: row2 attempt 2: timed out after 2 s; retrying in 0.5 s",
+        "cat: row3 attempt 3: timed out after 3 s; retrying in 0.5 s "
+        "(further retries of this kind are counted on the progress line)",
+        "cat: row attempt 1: no chunk for 61 s; retrying in 0.5 s",
+    ]
+    assert len(lines) == 5 and "(0 failed, 11 retries: 10 timed out, 1 no chunk)" in lines[4]
 
 
 @pytest.mark.parametrize("concurrency", [1, 2])
@@ -464,7 +498,7 @@ def test_a_timeout_is_a_retryable_error_but_a_stop_stays_a_stop():
                 await client._post(req, 1)
             task = asyncio.ensure_future(client._post(req, 2))
             await sent(client)
-            client._deadlines._expired.add(task)  # the watchdog's cancellation ...
+            client._deadlines._expired[task] = "timed out after 0 s"  # the watchdog's cancellation ...
             task.cancel()
             task.cancel()  # ... and a stop at the same moment
             outcome = (await asyncio.gather(task, return_exceptions=True))[0]
@@ -478,3 +512,30 @@ def test_a_timeout_is_a_retryable_error_but_a_stop_stays_a_stop():
             await client.close()
 
     asyncio.run(main())
+
+
+def test_a_stream_is_cut_past_its_timeout_only_once_no_chunk_came_for_the_floor_and_says_which():
+    class Stream:
+        seen = 0.0
+
+    async def main():
+        deadlines = Deadlines()
+        silent, busy, plain = Stream(), Stream(), asyncio.create_task(asyncio.sleep(60))
+        tasks = [asyncio.create_task(asyncio.sleep(60)) for _ in range(2)]
+        deadlines.watch(tasks[0], 1.0, silent, 1.0)
+        deadlines.watch(tasks[1], 1.0, busy, 1.0)
+        deadlines.watch(plain, 1.0)
+        started = time.monotonic()
+        while not (tasks[0].done() and plain.done()) or time.monotonic() - started < 3.0:
+            busy.seen = time.monotonic()  # a chunk every 10 ms, well past the timeout
+            await asyncio.sleep(0.01)
+        assert not tasks[1].done()
+        await asyncio.gather(tasks[1], return_exceptions=True)  # the chunks stop
+        assert time.monotonic() - busy.seen >= 1.0
+        reasons = [deadlines.expired(t) for t in (*tasks, plain)]
+        deadlines.close()
+        return reasons
+
+    silent, busy, plain = asyncio.run(main())
+    assert silent == plain == "timed out after 1 s"
+    assert re.fullmatch(r"no chunk for \d+ s", busy)  # 1 s, or later on a loaded machine

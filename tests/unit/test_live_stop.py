@@ -6,6 +6,8 @@ streams as SGLang 0.5.23 does with --incremental-streaming-output (tokenizer_man
 import asyncio
 import logging
 import random
+import time
+from contextlib import suppress
 
 import orjson
 import pytest
@@ -47,13 +49,21 @@ def looping(rng: random.Random, onset: int, period: int, budget: int) -> list[in
 class FakeSGLang:
     """Answers each rid's planned ids (by row id), streamed incrementally or whole; counts the tokens
     it generated and the aborts it was sent. `late`: delta chunks still sent after an abort arrives;
-    `coalesce`: those are joined into the abort's chunk, as a backlog of queued chunks is."""
+    `coalesce`: those are joined into the abort's chunk, as a backlog of queued chunks is; `pace_s`: the
+    time between chunks. A continuation (the prompt and ids received) is answered with the plan's rest;
+    the faults ending in `_once` hit a row's first request only (`stall_once`: no chunk after half of
+    the answer until the row's continuation comes). `watched`: a loop waits for the client's abort."""
 
-    def __init__(self, plans: dict, *, late: int = 0, coalesce: bool = False, faults: dict | None = None):
+    def __init__(self, plans: dict, *, late=0, coalesce=False, faults: dict | None = None, pace_s=0.0, watched=True):
         self.plans = plans
         self.late = late
         self.coalesce = coalesce
         self.faults = faults or {}
+        self.pace_s = pace_s
+        self.watched = watched
+        self.arrived: dict[str, float] = {}  # rid: its time.monotonic() of arrival
+        self.stalled: dict[str, float] = {}  # row: when its stall began
+        self.resumed = asyncio.Event()
         self.generated: dict[str, int] = {}
         self.aborts: list[str] = []
         self.aborted: dict[str, asyncio.Event] = {}
@@ -82,8 +92,13 @@ class FakeSGLang:
         self.bodies.append(body)
         rid, row = body["rid"], body["rid"].split(".")[0]
         budget = body["sampling_params"]["max_new_tokens"]
-        ids = self.plans[row][:budget]
+        came = len(body["input_ids"]) - len(PROMPT)
+        ids = self.plans[row][came : came + budget]
         fault = self.faults.get(row)
+        if came:
+            self.resumed.set()
+            fault = None if fault and fault.endswith("_once") else fault
+        self.arrived[rid] = time.monotonic()
         if fault == "http400":
             return web.json_response({"error": {"message": "bad input"}}, status=400)
         meta = {"id": rid, "finish_reason": self.finish(ids, budget), "completion_tokens": len(ids), **META}
@@ -92,9 +107,10 @@ class FakeSGLang:
             return web.json_response({"text": text_of(ids), "output_ids": ids, "meta_info": meta})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        if await self.stream(resp, rid, row, ids, body["sampling_params"]["stream_interval"], meta, fault):
-            await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        with suppress(ConnectionError):  # a stalled stream's client has gone
+            if await self.stream(resp, rid, row, ids, body["sampling_params"]["stream_interval"], meta, fault):
+                await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
         return resp
 
     async def stream(self, resp, rid, row, ids, interval, meta, fault) -> None:
@@ -106,8 +122,12 @@ class FakeSGLang:
             chunk = {"text": text_of(ids[sent:end]), "output_ids": ids[sent:end], "meta_info": {"id": rid}}
             if end == len(ids):
                 chunk["meta_info"] = meta
-            if fault == "cut" and end > len(ids) // 2:
+            if fault in ("cut", "cut_once") and end > len(ids) // 2:
                 return False  # the stream ends with no last chunk
+            if fault == "stall_once" and end > len(ids) // 2:
+                self.stalled[row] = time.monotonic()
+                await self.resumed.wait()
+                return False
             if fault == "error" and end > len(ids) // 2:
                 await resp.write(b"data: " + orjson.dumps({"error": {"message": "boom", "code": 400}}) + b"\n\n")
                 return True
@@ -124,8 +144,11 @@ class FakeSGLang:
                 # Once the output ends in a loop, wait for the client to see it and abort; else
                 # only let the client read the chunk.
                 try:
-                    await asyncio.wait_for(aborted.wait(), 5.0 if find_loop(ids[:sent], LOOP.live()) else 0.001)
+                    await asyncio.wait_for(
+                        aborted.wait(), 5.0 if self.watched and find_loop(ids[:sent], LOOP.live()) else 0.001
+                    )
                 except TimeoutError:
+                    await asyncio.sleep(self.pace_s)
                     continue
                 late = self.late - 1 if self.late else -1
                 if late < 0:
@@ -146,17 +169,20 @@ def text_of(ids):
     return "".join(f"<{i}>" for i in ids)
 
 
+PROMPT = [1, 2, 3]
+
+
 def request(row: str, budget: int) -> Request:
-    return Request(id=row, sample_index=0, prompt_ids=[1, 2, 3], max_new_tokens=budget, seed=1, fingerprint=row)
+    return Request(id=row, sample_index=0, prompt_ids=PROMPT, max_new_tokens=budget, seed=1, fingerprint=row)
 
 
-def run(server: FakeSGLang, requests, live: LiveStop | None = LIVE) -> dict:
+def run(server: FakeSGLang, requests, live: LiveStop | None = LIVE, **settings) -> dict:
     async def main():
         async with TestServer(server.app(), host="127.0.0.1") as srv:
             client = GenerateClient(
                 [str(srv.make_url("")).rstrip("/")],
                 RequestTemplate(sampling={"temperature": 1.0}, stop_token_ids=[STOP], vocab_size=VOCAB),
-                ClientSettings.from_config(concurrency=4, **FAST),
+                ClientSettings.from_config(concurrency=4, **{**FAST, **settings}),
                 rng=random.Random(0),
                 live=live,
             )
@@ -278,11 +304,16 @@ def test_a_server_that_streams_whole_outputs_turns_the_live_stop_off(caplog):
     with caplog.at_level(logging.WARNING):
         assert _live_stop(LIVE, infos, "cat") is None
     assert "http://b" in caplog.text and "--incremental-streaming-output" in caplog.text
+    assert "loops are not stopped live" in caplog.text and "not resumed" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert _live_stop(LiveStop(loop=None, stream_interval=8), infos, "cat") is None
+    assert "not resumed" in caplog.text and "loops" not in caplog.text
     assert _live_stop(LIVE, {"http://a": infos["http://a"]}, "cat") == LIVE
     assert not streams_incrementally({}) and streams_incrementally({"incremental_streaming_output": True})
 
 
-def test_launched_servers_stream_incrementally_only_with_the_live_stop():
+def test_launch_commands_ask_for_incremental_streaming_as_told():
     engine = defaults("engine", kind="sglang", sglang={"model_path": "m"}, local={"backend": "scripted"})
     for live in (True, False):
         sglang = sglang_command(engine, port=1, context_length=8, incremental_streaming=live)
@@ -292,11 +323,30 @@ def test_launched_servers_stream_incrementally_only_with_the_live_stop():
         assert (INCREMENTAL_STREAMING_FLAG in sglang) == live == (INCREMENTAL_STREAMING_FLAG in local)
 
 
-def test_live_stop_follows_the_quality_config():
-    assert LiveStop.from_quality(QualitySettings.from_config()) is not None
-    assert LiveStop.from_quality(QualitySettings.from_config({"live_stop": False})) is None
+def test_answers_are_streamed_whatever_the_quality_config_and_watched_for_loops_as_it_says():
+    assert LiveStop.from_quality(QualitySettings.from_config()).loop == QualitySettings.from_config().loop
+    off = LiveStop.from_quality(QualitySettings.from_config({"live_stop": False, "stream_interval": 5}))
+    assert off == LiveStop(loop=None, stream_interval=5)
     keep = QualitySettings.from_config({"policies": {"repetition_loop": "keep"}})
-    assert LiveStop.from_quality(keep) is None
+    assert LiveStop.from_quality(keep).loop is None
+
+
+def test_without_the_live_stop_a_cut_stream_is_resumed_and_no_loop_is_stopped():
+    plans = plans_for()
+    server = FakeSGLang(plans, faults={"long": "cut_once", "loop": "cut_once"}, watched=False)
+    results = run(server, [request("long", 2000), request("loop", 4000)], live=LiveStop(loop=None, stream_interval=8))
+    assert not server.aborts
+    for row in ("long", "loop"):
+        r = results[(row, 0, 0, "default")]
+        assert r["status"] == "ok" and r["attempts"] == 2 and r["finish_type"] == "length"
+        assert r["output_ids"] == plans[row] and r["completion_tokens"] == len(plans[row])
+        # Cut once after half of its answer, at a chunk's end: the continuation's prompt held the ids before.
+        (at,) = r["resumed_at"]
+        assert len(plans[row]) // 2 - 8 < at <= len(plans[row]) // 2
+        assert {tuple(b["input_ids"]) for b in server.bodies if b["rid"].startswith(row + ".")} == {
+            tuple(PROMPT),
+            tuple(PROMPT + plans[row][:at]),
+        }
 
 
 def test_a_journalled_loop_row_is_reused_only_while_its_loop_would_be_stopped_again(tmp_path):
@@ -370,14 +420,14 @@ def test_the_generate_step_stops_loops_live_and_resends_only_what_new_settings_w
             assert (r["finish_type"] == LOOP_FINISH) == (row_id in looping)
             if row_id in looping:
                 assert len(r["output_ids"]) < 240
-        assert provenance["live_stop"]["stopped_live"] is True
+        assert provenance["live_stop"]["stopped_live"] is True is provenance["live_stop"]["streamed"]
         assert provenance["live_stop"]["loop"] == quality["loop"]
 
         rows_again, provenance = run(quality, "again")  # every row reused
         assert provenance["plan"]["to_send"] == 0 and rows_again == rows
         rows_off, provenance = run({**quality, "live_stop": False}, "off")  # the loop rows sent again, whole
         assert provenance["plan"]["to_send"] == len(looping)
-        assert provenance["live_stop"]["stopped_live"] is False
+        assert provenance["live_stop"]["stopped_live"] is False and provenance["live_stop"]["streamed"] is True
         assert all(rows_off[row]["finish_type"] == "length" for row in looping)
         assert all(
             rows_off[row]["output_ids"][: len(rows[row]["output_ids"])] == rows[row]["output_ids"] for row in looping

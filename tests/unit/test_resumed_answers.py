@@ -6,11 +6,15 @@ continuations the rows' `resumed_at` name."""
 
 import asyncio
 import importlib.util
+import logging
 import random
+import re
 from pathlib import Path
 
 import orjson
 import pytest
+from test_live_stop import FakeSGLang, plain_ids, run
+from test_live_stop import request as live_request
 
 from eagle3_datagen.engine.scripted import ScriptedBackend
 from eagle3_datagen.engine.server import Faults, read_record
@@ -76,18 +80,36 @@ def test_a_cut_stream_is_resumed_from_the_ids_received_and_the_row_is_the_uncut_
     assert sum(cut[key]["attempts"] - 1 for key in resumed) >= sum(len(p) for p in resumed.values())
 
 
-def test_an_answer_slower_than_its_timeout_is_finished_by_resuming_it(tmp_path):
-    """Sent again from its start, an answer that takes longer than its request timeout never ends;
-    resumed, each attempt adds what it generated before its timeout."""
+def test_a_streamed_answer_slower_than_its_timeout_finishes_uncut_while_it_keeps_arriving(tmp_path):
+    """A request is cut only once its timeout has passed and no chunk came for the floor: a slow
+    answer that is still arriving is not."""
     reqs = requests(1)  # one at a time: the engine's scripted backend generates its jobs in turn
     whole = generate(tmp_path / "whole.jsonl", reqs)
-    slow = dict(delay_s=0.002, request_timeout_floor_s=0.5, request_timeout_per_token_s=0.0, max_retries=40)
-    timed_out = generate(tmp_path / "slow.jsonl", reqs, **slow)
-    for key, row in timed_out.items():
-        assert row["status"] == "ok" and row["output_ids"] == whole[key]["output_ids"], key
-        assert len(row["resumed_at"]) >= 1 and row["resumed_at"] == sorted(row["resumed_at"])
-    stuck = generate(tmp_path / "stuck.jsonl", reqs, **{**slow, "max_retries": 3}, resume=False)
-    assert stuck[reqs[0].key]["status"] == "failed" and "timed out" in stuck[reqs[0].key]["error"]
+    slow = dict(delay_s=0.004, request_timeout_floor_s=1.0, request_timeout_per_token_s=0.0)
+    slowly = generate(tmp_path / "slow.jsonl", reqs, **slow)
+    (row,) = slowly.values()
+    assert row["status"] == "ok" and row["attempts"] == 1 and "resumed_at" not in row
+    assert row["output_ids"] == whole[reqs[0].key]["output_ids"]
+    (served,) = [line for line in read_record(tmp_path / "slow.jsonl") if line.get("input_ids")]
+    assert served["t_end"] - served["t_start"] > 1.0  # it ran past its timeout
+
+
+def test_a_stream_that_stalls_past_its_timeout_is_cut_after_the_floor_and_resumed(caplog):
+    plans = {"long": plain_ids(random.Random(3), 2000)}
+    # 250 chunks, 10 ms apart: half the answer comes after the request's 1 s timeout, then nothing.
+    server = FakeSGLang(plans, faults={"long": "stall_once"}, pace_s=0.01)
+    with caplog.at_level(logging.INFO, logger="eagle3_datagen.generation.client"):
+        results = run(
+            server, [live_request("long", 2000)], request_timeout_floor_s=1.0, request_timeout_per_token_s=0.0
+        )
+    r = results[("long", 0, 0, "default")]
+    assert r["status"] == "ok" and r["attempts"] == 2 and r["output_ids"] == plans["long"]
+    (at,) = r["resumed_at"]
+    assert 1000 - 8 < at <= 1000
+    first, second = sorted(server.arrived.values())
+    assert server.stalled["long"] - first > 1.0  # the stall began after the timeout had passed
+    assert 0.9 < second - server.stalled["long"] < 30.0  # cut after about the floor, then resumed
+    assert re.search(r"long\.0 attempt 1: no chunk for \d+ s", caplog.text)
 
 
 def test_without_resume_a_cut_stream_is_generated_again_from_its_start(tmp_path):

@@ -101,7 +101,7 @@ class GenerateClient:
         self.rng = rng or random.Random()
         self.alive = alive  # for a server this job launched: whether its process still runs
         self.answer_check = answer_check
-        self.live = live  # None: answers are not streamed, loops run to their budget
+        self.live = live  # None: answers are not streamed (nor resumed), loops run to their budget
         self._pool: ThreadPoolExecutor | None = None  # the run's thread for tokenizer work
         self.run_nonce = secrets.token_hex(4)
         self._next_url = self.in_flight = 0
@@ -136,9 +136,9 @@ class GenerateClient:
 
     async def _post(self, req: Request, attempt: int, url: URL | None = None, answer=None) -> tuple:
         """POST one attempt of `req` to `url`: (status, answer bytes or the streamed `answer` read to its end)."""
-        timeout_s = self.settings.request_timeout(req.max_new_tokens)
         task = asyncio.current_task()
-        self._deadlines.watch(task, timeout_s)
+        timeout_s = self.settings.request_timeout(req.max_new_tokens)
+        self._deadlines.watch(task, timeout_s, answer, self.settings.request_timeout_floor_s)
         self.in_flight += 1
         try:
             rid, url = req.rid(self.run_nonce, attempt), url or self._url()[1]
@@ -149,9 +149,10 @@ class GenerateClient:
                 return resp.status, await resp.read()
         except asyncio.CancelledError:
             # The watchdog's cancellation alone is a timeout; any other (the job stopping) goes on.
-            if self._deadlines.expired(task) and task.cancelling() <= 1:
+            reason = self._deadlines.expired(task)
+            if reason and task.cancelling() <= 1:
                 task.uncancel()
-                raise RetryableError(f"timed out after {timeout_s:.0f} s") from None
+                raise RetryableError(reason) from None
             raise
         except aiohttp.ClientError as exc:
             raise RetryableError(f"connection error: {type(exc).__name__}: {exc}") from None
@@ -205,10 +206,11 @@ class GenerateClient:
                         raise ServerDied(f"the server died during the run (last error: {exc})") from None
                     if attempt > self.settings.max_retries:
                         break
-                    if progress is not None:
-                        progress.retries += 1
                     delay = self.backoff(attempt)
-                    log.debug("%s attempt %d: %s; retrying in %.1f s", req.label, attempt, exc, delay)
+                    if progress is not None:
+                        progress.retried(req.label, attempt, last_error, delay)
+                    else:
+                        log.debug("%s attempt %d: %s; retrying in %.1f s", req.label, attempt, exc, delay)
                     await asyncio.sleep(delay)
         finally:
             release()

@@ -129,11 +129,12 @@ def _send_plan(
     # one the later turns use). The first mode's chat layer is built here, before the server is
     # started, so that a profile it cannot take ends the job before any GPU time is spent.
     answer_check = AnswerCheck(builder.layer_for(profile.mode).tokenizer, tokenizer_dir=profile.tokenizer)
-    live = LiveStop.from_quality(quality)
-    with servers(engine, profile=profile, log_path=server_log, key=key, incremental_streaming=live is not None) as srv:
+    # Answers are streamed wherever the servers can (a cut one is resumed); loops are watched where stopped live.
+    with servers(engine, profile=profile, log_path=server_log, key=key, incremental_streaming=True) as srv:
         sent = {"servers": server_provenance(srv.urls, profile, headers)}
-        live = _live_stop(live, sent["servers"], category)
-        sent["live_stop"] = {"stopped_live": live is not None, **quality.to_json()}
+        live = _live_stop(LiveStop.from_quality(quality), sent["servers"], category)
+        stopped = live is not None and live.loop is not None
+        sent["live_stop"] = {"stopped_live": stopped, "streamed": live is not None, **quality.to_json()}
         for url, info in sent["servers"].items():  # refuses a server that cannot serve this job
             log.info(
                 "%s", check_model_info(info["model_info"], info["server_info"], url=url, tokenizer=profile.tokenizer)
@@ -198,17 +199,21 @@ def _sent_counts(client: GenerateClient) -> dict:
     }
 
 
-def _live_stop(live: LiveStop | None, infos: dict, category: str) -> LiveStop | None:
-    """`live`, unless a server would stream every chunk whole: then loops run to their budget (a warning)."""
-    whole = [url for url, info in infos.items() if live and not streams_incrementally(info["server_info"])]
+def _live_stop(live: LiveStop, infos: dict, category: str) -> LiveStop | None:
+    """`live`, unless a server would stream every chunk whole: then requests are not streamed (a warning)."""
+    whole = [url for url, info in infos.items() if not streams_incrementally(info["server_info"])]
     if not whole:
         return live
     log.warning(
         "%s: %s streams without --incremental-streaming-output (/server_info incremental_streaming_output is "
-        "false): every streamed chunk would repeat the whole output, so loops are not stopped live "
-        "(quality.live_stop); they run to max_new_tokens and the quality gate flags them afterwards",
+        "false): every streamed chunk would repeat the whole output, so requests are not streamed: %sa cut "
+        "answer (a timeout, a dropped connection) is generated again from its start, not resumed",
         category,
         ", ".join(whole),
+        "loops are not stopped live (quality.live_stop), they run to max_new_tokens and the quality gate flags "
+        "them afterwards; "
+        if live.loop is not None
+        else "",
     )
     return None
 

@@ -1,5 +1,6 @@
 """Streamed /generate answers and the live loop stop (docs/quality.md): a request's output read chunk by
-chunk, watched for a repetition loop, and stopped on the server (`POST /abort_request`) once it ends in one.
+chunk (so that a cut answer can be resumed from the ids received), and where loops are stopped live,
+watched for a repetition loop and stopped on the server (`POST /abort_request`) once it ends in one.
 SGLang 0.5.23 streams events `data: {json}\\n\\n`, then `data: [DONE]`; with `--incremental-streaming-output`
 each chunk holds only the ids and text new since the one before (the client never streams without it).
 The abort's last chunk says `completion_tokens` and repeats the last id: only the ids it adds to reach
@@ -8,6 +9,7 @@ that count are taken, so a row stopped as a loop holds exactly the tokens genera
 
 import logging
 from dataclasses import dataclass
+from time import monotonic
 
 import aiohttp
 import orjson
@@ -33,15 +35,16 @@ _DONE = b"[DONE]"
 
 @dataclass(frozen=True)
 class LiveStop:
-    """How the client stops loops while they are generated (config `quality`)."""
+    """How the client streams answers and stops loops while they are generated (config `quality`):
+    `loop` None streams without a loop watch (loops run to their budget)."""
 
-    loop: LoopSettings
+    loop: LoopSettings | None
     stream_interval: int
 
     @classmethod
-    def from_quality(cls, quality) -> "LiveStop | None":
-        """From `quality.flags.QualitySettings`; None where loops are not stopped live."""
-        return cls(quality.loop, int(quality.stream_interval)) if quality.stops_loops_live else None
+    def from_quality(cls, quality) -> "LiveStop":
+        """From `quality.flags.QualitySettings`: the loop watch only where loops are stopped live."""
+        return cls(quality.loop if quality.stops_loops_live else None, int(quality.stream_interval))
 
 
 def _events(buf: bytearray, start: int):
@@ -70,11 +73,12 @@ class StreamedAnswer:
         self.live = live
         self.ids: list[int] = []
         self.pieces: list[str] = []
-        self.watch = LiveLoopWatch(live.loop)
+        self.watch = LiveLoopWatch(live.loop) if live.loop is not None else None
         self.stream_interval = live.stream_interval
         self.loop: Loop | None = None  # the loop found, once the abort is sent
         self.last: dict | None = None  # the chunk with a finish_reason
         self.done = False
+        self.seen = 0.0  # when the last bytes came (time.monotonic): `pacing.Deadlines` reads it
         # Where each continuation began (`resume`): the ids before it came from earlier attempts.
         self.resumed_at: list[int] = []
         self._piece_start = 0
@@ -131,7 +135,7 @@ class StreamedAnswer:
         text = out.get("text")
         if isinstance(text, str):
             self.pieces.append(text)
-        if self.loop is None and self.last is None:
+        if self.watch is not None and self.loop is None and self.last is None:
             return self.watch.feed(delta)
         return None
 
@@ -209,6 +213,7 @@ async def read_stream(resp: aiohttp.ClientResponse, answer: StreamedAnswer, abor
     """Read a streamed answer to its end (each event parsed once); on a loop, `await abort()` and read on."""
     buf, start = bytearray(), 0
     async for data in resp.content.iter_any():
+        answer.seen = monotonic()  # an idle timeout's whole cost per read
         buf += data
         events, consumed = _events(buf, start)
         if consumed:
