@@ -270,13 +270,15 @@ class GenerateClient:
             if req.mode != DEFAULT_MODE:
                 entry["mode"] = req.mode
             run.journal.append(entry)
-            if run.journal.sync_due() and not run.syncing:
-                run.syncing = True  # fsync off the event loop, one at a time
-                try:
-                    await asyncio.to_thread(run.journal.sync)
-                finally:
-                    run.syncing = False
+        # Counted as soon as it is journalled: a job stopped during the fsync below (scancel) publishes
+        # as done every row its journal holds.
         self.progress.add(tokens=len(result.get("output_ids", ())), failed=result["status"] != "ok")
+        if run.journal is not None and run.journal.sync_due() and not run.syncing:
+            run.syncing = True  # fsync off the event loop, one at a time
+            try:
+                await asyncio.to_thread(run.journal.sync)
+            finally:
+                run.syncing = False
         if run.follow is not None:
             following = await asyncio.get_running_loop().run_in_executor(self._pool, run.follow, req, result)
             if following is not None:
