@@ -34,13 +34,14 @@ The scripted engine writes long answers from copies of one paragraph, each turne
         [--step-ms 0.2] [--stream-interval 32] [--smoke] [--figures /tmp/live_stop.json]
 """
 
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from _harness import ROOT, BenchParser, write_figures
+from _streamed import add_options, setup
+from _streamed import engine_command as streamed_engine
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -58,44 +59,19 @@ PROMPT_WORDS = "Explain how a heap keeps its order after an insertion, step by s
 
 def parse_args():
     p = BenchParser(__doc__, smoke={"requests": 6, "budget": 4096, "loop_share": 0.5})
-    p.add_argument("--requests", type=int, default=60)
-    p.add_argument("--budget", type=int, default=32768, help="max_new_tokens of every request")
+    add_options(p, requests=60)
     p.add_argument("--loop-share", type=float, default=0.2)
     p.add_argument("--loop-onset", help="LO:HI output tokens before a loop (default 1024:budget-2048)")
     p.add_argument("--loop-period", default="2:48")
     p.add_argument("--answer-tokens", help="LO:HI lengths of loop-free answers (default budget/8:budget)")
-    p.add_argument("--step-ms", type=float, default=0.2, help="simulated GPU step (one token per running request)")
-    p.add_argument("--stream-interval", type=int, default=32)
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--cores", help="two cores: engine,client (default: the first two allowed)")
     return p.parse_args()
 
 
 def engine_command(args, tok_dir: Path, port: int, record: Path, core: int) -> list[str]:
     onset = args.loop_onset or f"1024:{args.budget - 2048}"
     answers = args.answer_tokens or f"{args.budget // 8}:{args.budget}"
-    return [
-        *["taskset", "-c", str(core), sys.executable, "-m", "eagle3_datagen.engine", "--backend", "scripted"],
-        *["--model-dir", str(tok_dir), "--port", str(port), "--context-length", str(args.budget + 8192)],
-        *["--answer-tokens", answers, "--incremental-streaming-output", "--record", str(record)],
-        *["--loop-share", str(args.loop_share), "--loop-onset", onset, "--loop-period", args.loop_period],
-        *["--max-running-requests", str(max(args.concurrency, args.requests))],
-        *["--max-total-tokens", str((args.budget + 1024) * args.requests * 2)],
-        *["--step-ms", str(args.step_ms), "--step-ms-per-request", "0", "--log-level", "WARNING"],
-    ]
-
-
-def requests(tokenizer, n: int, budget: int) -> list[Request]:
-    out = []
-    for i in range(n):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": PROMPT_WORDS.format(i=i)}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-        out.append(Request(id=f"q{i}", sample_index=0, prompt_ids=list(ids), max_new_tokens=budget, seed=i))
-    return out
+    loops = ["--loop-share", str(args.loop_share), "--loop-onset", onset, "--loop-period", args.loop_period]
+    return streamed_engine(args, tok_dir, port, record, core, answers) + loops
 
 
 def run_client(url: str, template: RequestTemplate, reqs: list[Request], concurrency: int, live) -> dict:
@@ -155,21 +131,7 @@ def figures(runs: dict, tokens: dict) -> dict:
 
 def main() -> None:
     args = parse_args()
-    from transformers import AutoTokenizer
-
-    from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir
-
-    allowed = sorted(os.sched_getaffinity(0))
-    cores = [int(c) for c in args.cores.split(",")] if args.cores else (allowed * 2)[:2]
-    os.sched_setaffinity(0, {cores[1]})
-    tok_dir = qwen3_tokenizer_dir()
-    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
-    reqs = requests(tokenizer, args.requests, args.budget)
-    template = RequestTemplate(
-        sampling={"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0},
-        stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>")],
-        vocab_size=len(tokenizer),
-    )
+    engine_core, tok_dir, reqs, template = setup(args, PROMPT_WORDS)
     loop = LoopSettings()
     clients = {
         "whole": None,
@@ -179,9 +141,7 @@ def main() -> None:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="live_stop-") as tmp:
         record, port = Path(tmp) / "record.jsonl", free_port()
-        env_path = os.environ.get("PYTHONPATH", "")
-        os.environ["PYTHONPATH"] = str(ROOT / "scripts") + (os.pathsep + env_path if env_path else "")
-        cmd = engine_command(args, tok_dir, port, record, cores[0])
+        cmd = engine_command(args, tok_dir, port, record, engine_core)
         with ManagedServer(cmd, port=port, log_path=Path(tmp) / "engine.log") as url:
             runs = {}
             for name, live in clients.items():

@@ -23,13 +23,14 @@ Figures:
         [--stream-interval 32] [--smoke] [--figures /tmp/resume.json]
 """
 
-import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from _harness import ROOT, BenchParser, write_figures
+from _streamed import add_options, setup
+from _streamed import engine_command as streamed_engine
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -46,42 +47,17 @@ PROMPT_WORDS = "Prove that the sum of the first {i} odd numbers is a square, car
 
 def parse_args():
     p = BenchParser(__doc__, smoke={"requests": 6, "budget": 2048, "cut_rate": 0.5})
-    p.add_argument("--requests", type=int, default=40)
-    p.add_argument("--budget", type=int, default=32768, help="max_new_tokens of every request")
+    add_options(p, requests=40)
     p.add_argument("--answer-tokens", help="LO:HI answer lengths (default budget/4:budget)")
     p.add_argument("--cut-rate", type=float, default=0.3, help="share of streams dropped mid-answer")
     p.add_argument("--cut-after", help="LO:HI ids streamed before a drop (default 1:budget)")
-    p.add_argument("--step-ms", type=float, default=0.2, help="simulated GPU step (one token per running request)")
-    p.add_argument("--stream-interval", type=int, default=32)
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--cores", help="two cores: engine,client (default: the first two allowed)")
     return p.parse_args()
 
 
 def engine_command(args, tok_dir: Path, port: int, record: Path, core: int, cut: bool) -> list[str]:
     answers = args.answer_tokens or f"{args.budget // 4}:{args.budget}"
     faults = ["--cut-rate", str(args.cut_rate), "--cut-after", args.cut_after or f"1:{args.budget}"] if cut else []
-    return [
-        *["taskset", "-c", str(core), sys.executable, "-m", "eagle3_datagen.engine", "--backend", "scripted"],
-        *["--model-dir", str(tok_dir), "--port", str(port), "--context-length", str(args.budget + 8192)],
-        *["--answer-tokens", answers, "--incremental-streaming-output", "--record", str(record), *faults],
-        *["--max-running-requests", str(max(args.concurrency, args.requests))],
-        *["--max-total-tokens", str((args.budget + 1024) * args.requests * 2)],
-        *["--step-ms", str(args.step_ms), "--step-ms-per-request", "0", "--log-level", "WARNING"],
-    ]
-
-
-def requests(tokenizer, n: int, budget: int) -> list[Request]:
-    out = []
-    for i in range(n):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": PROMPT_WORDS.format(i=i + 2)}],
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-        )
-        out.append(Request(id=f"q{i}", sample_index=0, prompt_ids=list(ids), max_new_tokens=budget, seed=i))
-    return out
+    return streamed_engine(args, tok_dir, port, record, core, answers) + faults
 
 
 def run_client(url: str, template: RequestTemplate, reqs: list[Request], args, resume: bool) -> dict:
@@ -114,29 +90,13 @@ def spent(record: Path) -> dict:
 
 def main() -> None:
     args = parse_args()
-    from transformers import AutoTokenizer
-
-    from eagle3_datagen.demo.tokenizers import qwen3_tokenizer_dir
-
-    allowed = sorted(os.sched_getaffinity(0))
-    cores = [int(c) for c in args.cores.split(",")] if args.cores else (allowed * 2)[:2]
-    os.sched_setaffinity(0, {cores[1]})
-    tok_dir = qwen3_tokenizer_dir()
-    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
-    reqs = requests(tokenizer, args.requests, args.budget)
-    template = RequestTemplate(
-        sampling={"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0},
-        stop_token_ids=[tokenizer.convert_tokens_to_ids("<|im_end|>")],
-        vocab_size=len(tokenizer),
-    )
+    engine_core, tok_dir, reqs, template = setup(args, PROMPT_WORDS, first=2)
     started = time.monotonic()
-    env_path = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = str(ROOT / "scripts") + (os.pathsep + env_path if env_path else "")
     runs, tokens = {}, {}
     with tempfile.TemporaryDirectory(prefix="resume-") as tmp:
         for cut, names in ((False, {"baseline": True}), (True, {"resume": True, "restart": False})):
             record, port = Path(tmp) / f"record-{cut}.jsonl", free_port()
-            cmd = engine_command(args, tok_dir, port, record, cores[0], cut)
+            cmd = engine_command(args, tok_dir, port, record, engine_core, cut)
             with ManagedServer(cmd, port=port, log_path=Path(tmp) / f"engine-{cut}.log") as url:
                 for name, resume in names.items():
                     runs[name] = run_client(url, template, reqs, args, resume)
