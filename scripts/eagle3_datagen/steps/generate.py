@@ -104,7 +104,8 @@ def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: P
         if missing:  # written before these columns were: its journal re-makes it, sending nothing
             raise RuntimeError(
                 f"{path} has no column {', '.join(missing)}: an older eagle3-datagen wrote it. Make it again "
-                f"from its journal, which holds every row (nothing is sent): snakemake --forcerun {path}"
+                f"from its journal, which holds every row (none is sent again unless its request changed): "
+                f"snakemake --forcerun {path}"
             )
     held = sum(count_rows(path) for path in shard_generations)
     expected = sum(
