@@ -25,13 +25,15 @@ READ_FLAGS = {
     "pp": ("--pp-size", "--pipeline-parallel-size"),
     "dp": ("--dp-size", "--data-parallel-size"),
     "host": ("--host",),
+    "port": ("--port",),
+    "device": ("--device",),
+    # With it, SGLang's --dp-size counts attention groups inside the tensor-parallel GPUs, not replicas
+    # (srt/arg_groups/parallel_hook.py, handle_deprecated_dp_attention).
+    "dp_attention": ("--enable-dp-attention",),
     "refused": REFUSED_SGLANG_FLAGS,
     "node": NODE_FLAGS,
-    None: ("--pp-max-micro-batch-size", "--pp-async-batch-depth"),
+    None: ("--pp-max-micro-batch-size", "--pp-async-batch-depth", "--enable-dp-attention-local-control-broadcast"),
 }
-# With it, SGLang's --dp-size counts attention groups inside the tensor-parallel GPUs, not replicas
-# (srt/arg_groups/parallel_hook.py, handle_deprecated_dp_attention).
-DP_ATTENTION_FLAG = "--enable-dp-attention"
 # Where a server bound to every interface is reached (as SGLang's own ServerArgs.url does).
 WILDCARD_HOSTS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 
@@ -57,7 +59,7 @@ def flag_value(args, flag: str) -> str | None:
     value = None
     for i, arg in enumerate(args):
         name, eq, given = str(arg).partition("=")
-        if flag in (name, read_flag(arg)):
+        if (name == flag) if flag.startswith("--") else (read_flag(arg) == flag):
             value = given if eq else (str(args[i + 1]) if i + 1 < len(args) else None)
     return value
 
@@ -80,7 +82,7 @@ def size_flag(args, flag: str) -> int:
     value = flag_value(args, flag)
     if value is None:
         return 1
-    if not value.isdigit() or int(value) < 1:
+    if not value.isdecimal() or int(value) < 1:
         raise ValueError(f"engine.sglang.extra_args: {READ_FLAGS[flag][0]} {value!r} is not a positive whole number")
     return int(value)
 
@@ -163,7 +165,9 @@ class SGLangServer:
     @property
     def dp_size(self) -> int:
         """Data-parallel replicas, each on GPUs of its own (with dp attention, the ranks share the tp GPUs)."""
-        return 1 if DP_ATTENTION_FLAG in self.extra_args else size_flag(self.extra_args, "dp")
+        if any(read_flag(arg) == "dp_attention" for arg in self.extra_args):
+            return 1
+        return size_flag(self.extra_args, "dp")
 
     @property
     def parallel_sizes(self) -> str:

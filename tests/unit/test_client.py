@@ -539,3 +539,11 @@ def test_a_stream_is_cut_past_its_timeout_only_once_no_chunk_came_for_the_floor_
     silent, busy, plain = asyncio.run(main())
     assert silent == plain == "timed out after 1 s"
     assert re.fullmatch(r"no chunk for \d+ s", busy)  # 1 s, or later on a loaded machine
+
+
+def test_retry_kinds_keep_an_error_status_and_drop_counts_and_details():
+    assert retry_kind("HTTP 503: busy") == "HTTP 503" != retry_kind("HTTP 500: oops")
+    assert retry_kind("stream error 503: overloaded") == "stream error 503" != retry_kind("stream error 500: x")
+    assert retry_kind("timed out after 61 s") == retry_kind("timed out after 3600 s") == "timed out"
+    assert retry_kind("no chunk for 61 s") == "no chunk"
+    assert retry_kind("connection error: ServerDisconnectedError: x") == "connection error"

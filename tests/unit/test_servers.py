@@ -227,6 +227,7 @@ def sglang_engine(tp_size=8, nodes=1, extra=()):
         (4, 1, ["--pipeline-parallel-size=2", "--dp-size", "2"], 16),
         (4, 1, ["--pipeline-parallel", "2"], 8),  # a prefix SGLang's parser takes
         (8, 1, ["--dp-size", "8", "--enable-dp-attention"], 8),  # dp ranks share the tp GPUs
+        (8, 1, ["--served-model-name", "dp", "--dp", "2"], 16),  # a value that is a key's name is a value
         (8, 1, ["--dp", "2", "--dp", "4"], 32),  # the last one wins, as in argparse
         (16, 2, [], 8),
         (8, 2, ["--pp-size", "2"], 8),  # one stage on each node
@@ -261,6 +262,9 @@ def test_every_gpu_count_follows_tp_pp_and_dp_replicas_per_node(tmp_path, monkey
         (8, 1, ["--tensor-parallel-size", "8"], "engine.sglang.tp_size"),
         (8, 1, ["--pp", "2"], "--pp is ambiguous to SGLang .*--pp-size.*write it whole"),
         (8, 1, ["--dp-size", "two"], "--dp-size 'two' is not a positive whole number"),
+        (8, 1, ["--dp-size", "²"], "--dp-size '²' is not a positive whole number"),
+        # Every prefix of --enable-dp-attention is one of a longer flag too: SGLang refuses them all.
+        (8, 1, ["--enable-dp-att", "--dp", "2"], "--enable-dp-att is ambiguous to SGLang"),
         (8, 1, ["--pipeline-parallel-size=0"], "--pp-size '0' is not a positive whole number"),
         (16, 2, ["--dp", "2"], "data-parallel size 2 with engine.sglang.nodes 2: SGLang cannot place"),
         (4, 3, ["--pp-size", "2"], "tp_size 4 × pipeline-parallel size 2 is not a multiple of engine.sglang.nodes 3"),
@@ -290,6 +294,7 @@ def test_pp_neighbours_and_other_flags_are_not_counted():
         (["--host", "::"], "::", "http://[::1]:31234"),
         (["--host=10.1.2.3", "--enable-metrics"], "10.1.2.3", "http://10.1.2.3:31234"),
         (["--host", "gpu01.cluster"], "gpu01.cluster", "http://gpu01.cluster:31234"),
+        (["--served-model-name", "host", "--log-level", "info"], "127.0.0.1", "http://127.0.0.1:31234"),
     ],
 )
 def test_the_server_listens_where_host_says_once_and_the_job_reaches_it_there(tmp_path, extra, listens, reached):

@@ -217,3 +217,11 @@ def _alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_the_port_extra_args_fix_is_read_as_sglang_reads_it():
+    from eagle3_datagen.generation.startup import user_port
+
+    assert user_port(["--port", "30000"]) == user_port(["--por=30000"]) == 30000  # a prefix SGLang takes
+    assert user_port(["--served-model-name", "port", "--log-level", "info"]) is None  # a value, not the flag
+    assert user_port(["--port", "1", "--port", "2"]) == 2  # the last one wins, as in argparse

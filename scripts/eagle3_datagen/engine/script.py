@@ -165,6 +165,8 @@ def _turn_end(tok: Any) -> int | None:
         )
     except Exception:  # a template that takes no such conversation: the eos decides
         return None
+    if mark not in text:  # a template that drops the answer's text: nothing to read after it
+        return None
     special = {i for i, t in tok.added_tokens_decoder.items() if t.special}
     after = tok.encode(text[text.rfind(mark) + len(mark) :], add_special_tokens=False)
     return next((i for i in after if i in special), None)

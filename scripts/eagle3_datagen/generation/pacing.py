@@ -16,9 +16,9 @@ log = logging.getLogger("eagle3_datagen.generation.client")
 
 def retry_kind(reason: str) -> str:
     """A retry reason's kind: its words before the first colon or number ("timed out", "no chunk",
-    "stream cut short", "connection error"), an HTTP error's status kept ("HTTP 503")."""
+    "stream cut short", "connection error"), an error's status kept ("HTTP 503", "stream error 503")."""
     head = reason.split(":", 1)[0]
-    if not head.startswith("HTTP"):
+    if not head.startswith(("HTTP", "stream error")):
         head = re.sub(r"\s*(\b(after|for))?\s*\d.*", "", head)
     return head.strip() or reason[:40]
 

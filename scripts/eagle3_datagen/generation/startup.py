@@ -40,7 +40,7 @@ SLURM_GPU_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_GPUS", "SL
 
 def user_port(extra_args: list[str]) -> int | None:
     """The port `engine.sglang.extra_args` fixes with `--port`, if it does (the launcher's otherwise)."""
-    value = flag_value(extra_args, "--port")
+    value = flag_value(extra_args, "port")
     if value is None:
         return None
     try:
@@ -78,7 +78,7 @@ def visible_gpus(environ, dev: Path = Path("/dev")) -> tuple[int | None, str]:
 def check_gpus(sglang: SGLangServer, environ=os.environ, dev: Path = Path("/dev")) -> None:
     """Refuse, before launching, an SGLang server that needs more GPUs than the job sees. A server
     told to run elsewhere (`--device cpu`, or any device but cuda) is not counted."""
-    device = flag_value(list(sglang.extra_args), "--device")
+    device = flag_value(list(sglang.extra_args), "device")
     if device not in (None, "cuda"):
         return
     needed = sglang.gpus  # on this node
