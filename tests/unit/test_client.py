@@ -547,3 +547,36 @@ def test_retry_kinds_keep_an_error_status_and_drop_counts_and_details():
     assert retry_kind("timed out after 61 s") == retry_kind("timed out after 3600 s") == "timed out"
     assert retry_kind("no chunk for 61 s") == "no chunk"
     assert retry_kind("connection error: ServerDisconnectedError: x") == "connection error"
+
+
+def test_a_job_stopped_during_a_journal_fsync_has_counted_every_journalled_row(backend, tokenizer, tmp_path):
+    """A job stopped (scancel: SIGTERM) while the journal's fsync is awaited publishes as done every row
+    its journal holds: a row is counted when it is journalled, not after the fsync."""
+    import threading
+
+    syncing, release = threading.Event(), threading.Event()
+
+    def sync():  # the job is stopped during the first fsync
+        syncing.set()
+        release.wait(60)
+
+    async def main(journal):
+        app = create_app(backend, context_length=4096, model_path="m", tokenizer_path="t")
+        async with TestServer(app, host="127.0.0.1") as server:
+            settings = ClientSettings.from_config(concurrency=4, **FAST)
+            client = GenerateClient([str(server.make_url("")).rstrip("/")], template(tokenizer), settings)
+            run = asyncio.ensure_future(client.run(requests_for(tokenizer, 40), journal))
+            while not syncing.is_set():
+                assert not run.done()
+                await asyncio.sleep(0.01)
+            run.cancel()  # the run cancels its requests at once, then waits for the fsync's thread
+            threading.Timer(1.0, release.set).start()
+            with pytest.raises(asyncio.CancelledError):
+                await run
+            return client
+
+    with Journal(tmp_path / "j.jsonl") as journal:
+        journal.sync_due, journal.sync = (lambda: True), sync
+        client = asyncio.run(main(journal))
+    journalled = len((tmp_path / "j.jsonl").read_text().splitlines())
+    assert journalled >= 1 and client.progress.done == journalled
