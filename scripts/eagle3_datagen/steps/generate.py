@@ -101,7 +101,7 @@ def merge_shards(*, prompts: Path, shard_generations: list[Path], generations: P
             )
     for path in shard_generations:
         missing = [name for name in GENERATIONS_SCHEMA.names if name not in pq.read_schema(path).names]
-        if missing:  # written before these columns were: its journal re-makes it, sending nothing
+        if missing:  # written before these columns were: its journal re-makes it, resending only changed requests
             raise RuntimeError(
                 f"{path} has no column {', '.join(missing)}: an older eagle3-datagen wrote it. Make it again "
                 f"from its journal, which holds every row (none is sent again unless its request changed): "
